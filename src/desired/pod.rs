@@ -1,0 +1,301 @@
+//! The compact pod projection the caches keep instead of whole Pods.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::jiff::Timestamp;
+
+/// Compact projection of a Pod: only what Endpoints computation and the
+/// pod→Service index need. (The cache stores this instead of whole Pods to keep
+/// memory low.)
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PodInfo {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub resource_version: String,
+    pub labels: BTreeMap<String, String>,
+    pub phase: Option<String>,
+    /// `status.podIPs` in order; `[status.podIP]` when podIPs is empty.
+    ///
+    /// The API server keeps the two consistent (`podIPs[0] == podIP`, podIPs filled
+    /// from podIP), so the first entry also stands for `status.podIP` where
+    /// upstream reads that field.
+    pub pod_ips: Vec<String>,
+    /// The first PodReady condition has status "True".
+    pub ready: bool,
+    /// lastTransitionTime of that Ready condition (upstream's trigger time source).
+    pub ready_transition: Option<Timestamp>,
+    /// `metadata.deletionTimestamp` is set.
+    pub terminating: bool,
+    pub hostname: Option<String>,
+    pub subdomain: Option<String>,
+    pub node_name: Option<String>,
+    /// Named container ports, in the order upstream searches them for a named
+    /// targetPort: `spec.containers`, then sidecars (`spec.initContainers` with
+    /// `restartPolicy: Always`). Unnamed ports can never match a named
+    /// targetPort, so they are not kept.
+    pub container_ports: Vec<NamedPort>,
+}
+
+/// One named container port.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NamedPort {
+    pub name: String,
+    pub container_port: i32,
+    /// As written on the container; "" when absent (upstream compares Go strings).
+    pub protocol: String,
+}
+
+const SIDECAR_RESTART_POLICY: &str = "Always";
+
+impl PodInfo {
+    /// Projects a Pod; `None` when it has no name or namespace.
+    pub fn from_pod(pod: &Pod) -> Option<PodInfo> {
+        let namespace = pod.metadata.namespace.clone()?;
+        let name = pod.metadata.name.clone()?;
+        let spec = pod.spec.as_ref();
+        let status = pod.status.as_ref();
+
+        let mut pod_ips: Vec<String> = status
+            .and_then(|s| s.pod_ips.as_ref())
+            .map(|ips| ips.iter().map(|ip| ip.ip.clone()).collect())
+            .unwrap_or_default();
+        if pod_ips.is_empty()
+            && let Some(ip) = status
+                .and_then(|s| s.pod_ip.as_ref())
+                .filter(|ip| !ip.is_empty())
+        {
+            pod_ips.push(ip.clone());
+        }
+
+        // Upstream looks at the first condition of type Ready only.
+        let ready_condition = status
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|conditions| conditions.iter().find(|c| c.type_ == "Ready"));
+
+        let sidecars = spec
+            .and_then(|s| s.init_containers.as_deref())
+            .unwrap_or_default()
+            .iter()
+            .filter(|c| c.restart_policy.as_deref() == Some(SIDECAR_RESTART_POLICY));
+        let container_ports = spec
+            .map(|s| s.containers.as_slice())
+            .unwrap_or_default()
+            .iter()
+            .chain(sidecars)
+            .flat_map(named_ports)
+            .collect();
+
+        Some(PodInfo {
+            namespace,
+            name,
+            uid: pod.metadata.uid.clone().unwrap_or_default(),
+            resource_version: pod.metadata.resource_version.clone().unwrap_or_default(),
+            labels: pod.metadata.labels.clone().unwrap_or_default(),
+            phase: status.and_then(|s| s.phase.clone()),
+            pod_ips,
+            ready: ready_condition.is_some_and(|c| c.status == "True"),
+            ready_transition: ready_condition
+                .and_then(|c| c.last_transition_time.as_ref())
+                .map(|t| t.0),
+            terminating: pod.metadata.deletion_timestamp.is_some(),
+            hostname: spec.and_then(|s| s.hostname.clone()),
+            subdomain: spec.and_then(|s| s.subdomain.clone()),
+            node_name: spec.and_then(|s| s.node_name.clone()),
+            container_ports,
+        })
+    }
+
+    /// Upstream's ShouldPodBeInEndpoints: not terminal, has an IP, and not
+    /// terminating unless terminating pods are wanted (publishNotReadyAddresses).
+    pub(crate) fn should_be_in_endpoints(&self, include_terminating: bool) -> bool {
+        let terminal = matches!(self.phase.as_deref(), Some("Succeeded" | "Failed"));
+        !terminal && !self.pod_ips.is_empty() && (include_terminating || !self.terminating)
+    }
+}
+
+fn named_ports(container: &Container) -> impl Iterator<Item = NamedPort> + '_ {
+    container
+        .ports
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|port| {
+            let name = port.name.as_deref().filter(|n| !n.is_empty())?;
+            Some(NamedPort {
+                name: name.to_string(),
+                container_port: port.container_port,
+                protocol: port.protocol.clone().unwrap_or_default(),
+            })
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{ContainerPort, PodCondition, PodIP, PodSpec, PodStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+
+    use super::*;
+
+    fn container(name: &str, ports: &[(&str, i32, &str)], restart: Option<&str>) -> Container {
+        Container {
+            name: name.into(),
+            restart_policy: restart.map(str::to_string),
+            ports: Some(
+                ports
+                    .iter()
+                    .map(|(n, p, proto)| ContainerPort {
+                        name: (!n.is_empty()).then(|| n.to_string()),
+                        container_port: *p,
+                        protocol: Some(proto.to_string()),
+                        ..ContainerPort::default()
+                    })
+                    .collect(),
+            ),
+            ..Container::default()
+        }
+    }
+
+    fn full_pod() -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                namespace: Some("ns".into()),
+                name: Some("p".into()),
+                uid: Some("u".into()),
+                resource_version: Some("7".into()),
+                labels: Some(BTreeMap::from([("app".into(), "web".into())])),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PodSpec {
+                hostname: Some("h".into()),
+                subdomain: Some("web".into()),
+                node_name: Some("n".into()),
+                containers: vec![container(
+                    "main",
+                    &[("http", 8080, "TCP"), ("", 9, "TCP")],
+                    None,
+                )],
+                init_containers: Some(vec![
+                    container("init", &[("http", 1, "TCP")], None),
+                    container("sidecar", &[("metrics", 9100, "TCP")], Some("Always")),
+                ]),
+                ..PodSpec::default()
+            }),
+            status: Some(PodStatus {
+                phase: Some("Running".into()),
+                pod_ip: Some("10.0.0.1".into()),
+                pod_ips: Some(vec![
+                    PodIP {
+                        ip: "10.0.0.1".into(),
+                    },
+                    PodIP {
+                        ip: "fd00::1".into(),
+                    },
+                ]),
+                conditions: Some(vec![
+                    PodCondition {
+                        type_: "Ready".into(),
+                        status: "True".into(),
+                        last_transition_time: Some(Time(Timestamp::from_second(100).unwrap())),
+                        ..PodCondition::default()
+                    },
+                    PodCondition {
+                        type_: "Ready".into(),
+                        status: "False".into(),
+                        ..PodCondition::default()
+                    },
+                ]),
+                ..PodStatus::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn projection_keeps_what_endpoints_need() {
+        let info = PodInfo::from_pod(&full_pod()).unwrap();
+        assert_eq!(info.pod_ips, vec!["10.0.0.1", "fd00::1"]);
+        assert!(info.ready, "first Ready condition decides");
+        assert_eq!(
+            info.ready_transition,
+            Some(Timestamp::from_second(100).unwrap())
+        );
+        assert_eq!(info.hostname.as_deref(), Some("h"));
+        assert_eq!(info.uid, "u");
+        assert!(!info.terminating);
+        let names: Vec<_> = info
+            .container_ports
+            .iter()
+            .map(|p| (p.name.as_str(), p.container_port))
+            .collect();
+        // Containers first, then sidecars only; plain init containers and unnamed ports never match.
+        assert_eq!(names, vec![("http", 8080), ("metrics", 9100)]);
+    }
+
+    #[test]
+    fn pod_ip_is_used_when_pod_ips_is_empty() {
+        let mut pod = full_pod();
+        if let Some(status) = pod.status.as_mut() {
+            status.pod_ips = None;
+        }
+        assert_eq!(PodInfo::from_pod(&pod).unwrap().pod_ips, vec!["10.0.0.1"]);
+    }
+
+    #[test]
+    fn pods_without_name_or_namespace_are_not_projected() {
+        let mut pod = full_pod();
+        pod.metadata.namespace = None;
+        assert_eq!(PodInfo::from_pod(&pod), None);
+    }
+
+    #[test]
+    fn which_pods_belong_in_endpoints() {
+        let base = PodInfo::from_pod(&full_pod()).unwrap();
+        let with = |f: fn(&mut PodInfo)| {
+            let mut p = base.clone();
+            f(&mut p);
+            p
+        };
+        let cases = [
+            ("running pod with IP", base.clone(), false, true),
+            (
+                "phase Succeeded dropped",
+                with(|p| p.phase = Some("Succeeded".into())),
+                true,
+                false,
+            ),
+            (
+                "phase Failed dropped",
+                with(|p| p.phase = Some("Failed".into())),
+                true,
+                false,
+            ),
+            (
+                "pending pod with IP kept",
+                with(|p| p.phase = Some("Pending".into())),
+                false,
+                true,
+            ),
+            ("no IP dropped", with(|p| p.pod_ips.clear()), true, false),
+            (
+                "terminating dropped",
+                with(|p| p.terminating = true),
+                false,
+                false,
+            ),
+            (
+                "terminating kept with publishNotReadyAddresses",
+                with(|p| p.terminating = true),
+                true,
+                true,
+            ),
+        ];
+        for (case, pod, include_terminating, expected) in cases {
+            assert_eq!(
+                pod.should_be_in_endpoints(include_terminating),
+                expected,
+                "{case}"
+            );
+        }
+    }
+}

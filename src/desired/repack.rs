@@ -1,0 +1,196 @@
+//! Upstream's canonical Endpoints layout (`pkg/api/v1/endpoints` RepackSubsets
+//! and SortSubsets).
+//!
+//! Repacking expands subsets into (address, port, ready) triples and regroups
+//! them: addresses are de-duplicated by (IP, targetRef UID) keeping the first
+//! copy seen; for one address and port, not-ready beats ready; addresses that
+//! offer exactly the same ports with the same readiness form one subset; a
+//! subset without ports is carried through a sentinel port and comes out with
+//! `ports` absent. Then everything is sorted: addresses by IP text bytes then
+//! UID, ports and subsets by the digest in [`super::spew`].
+
+use std::collections::{BTreeMap, HashMap};
+
+use k8s_openapi::api::core::v1::{EndpointAddress, EndpointPort, EndpointSubset};
+
+use super::spew::{port_digest, subset_digest};
+
+/// How two ports with the same appProtocol text are told apart.
+///
+/// Upstream keys a Go map by the EndpointPort struct, whose appProtocol is a
+/// pointer: equal texts behind different pointers are different keys. When
+/// computing, all pods share the Service port's pointer, so comparing values is
+/// exact. When repacking an object read from the API, every decoded port has its
+/// own pointer, so each port carrying an appProtocol is distinct.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AppProtocolIdentity {
+    ByValue,
+    ByOccurrence,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct PortKey {
+    name: String,
+    port: i32,
+    protocol: String,
+    /// `None` for an absent appProtocol (all nil pointers are equal).
+    app_protocol: Option<AppProtocolKey>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum AppProtocolKey {
+    Text(String),
+    Occurrence(usize),
+}
+
+/// Stand-in for upstream's "no ports" sentinel (port -1, everything else empty).
+const SENTINEL_PORT: i32 = -1;
+
+struct PortEntry {
+    port: Option<EndpointPort>,
+    /// Address index → ready; not-ready is sticky.
+    readiness: BTreeMap<usize, bool>,
+}
+
+/// Repack and sort subsets into upstream's canonical form.
+pub(crate) fn repack_subsets(
+    subsets: &[EndpointSubset],
+    identity: AppProtocolIdentity,
+) -> Vec<EndpointSubset> {
+    let mut addresses: Vec<EndpointAddress> = Vec::new();
+    let mut address_index: HashMap<(String, String), usize> = HashMap::new();
+    let mut ports: Vec<PortEntry> = Vec::new();
+    let mut port_index: HashMap<PortKey, usize> = HashMap::new();
+    let mut occurrences = 0usize;
+
+    for subset in subsets {
+        let subset_ports: Vec<Option<&EndpointPort>> = match subset.ports.as_deref() {
+            Some(list) if !list.is_empty() => list.iter().map(Some).collect(),
+            _ => vec![None],
+        };
+        let ready = subset.addresses.as_deref().unwrap_or_default();
+        let not_ready = subset.not_ready_addresses.as_deref().unwrap_or_default();
+        for port in subset_ports {
+            let key = port_key(port, identity, &mut occurrences);
+            let tagged = ready
+                .iter()
+                .map(|a| (a, true))
+                .chain(not_ready.iter().map(|a| (a, false)));
+            for (address, is_ready) in tagged {
+                let address_key = (
+                    address.ip.clone(),
+                    address
+                        .target_ref
+                        .as_ref()
+                        .and_then(|r| r.uid.clone())
+                        .unwrap_or_default(),
+                );
+                let address_at = *address_index.entry(address_key).or_insert_with(|| {
+                    addresses.push(address.clone());
+                    addresses.len() - 1
+                });
+                let port_at = *port_index.entry(key.clone()).or_insert_with(|| {
+                    ports.push(PortEntry {
+                        port: port.cloned(),
+                        readiness: BTreeMap::new(),
+                    });
+                    ports.len() - 1
+                });
+                let was = ports[port_at]
+                    .readiness
+                    .entry(address_at)
+                    .or_insert(is_ready);
+                *was = *was && is_ready;
+            }
+        }
+    }
+
+    // Group ports by the exact set of (address, readiness) they are offered on.
+    let mut groups: HashMap<Vec<(usize, bool)>, Vec<EndpointPort>> = HashMap::new();
+    for entry in ports {
+        let members: Vec<(usize, bool)> = entry.readiness.into_iter().collect();
+        let group = groups.entry(members).or_default();
+        if let Some(port) = entry.port.filter(|p| p.port > 0) {
+            group.push(port);
+        }
+    }
+
+    let repacked: Vec<EndpointSubset> = groups
+        .into_iter()
+        .map(|(members, group_ports)| {
+            let pick = |wanted: bool| -> Option<Vec<EndpointAddress>> {
+                let list: Vec<EndpointAddress> = members
+                    .iter()
+                    .filter(|(_, ready)| *ready == wanted)
+                    .map(|(at, _)| addresses[*at].clone())
+                    .collect();
+                (!list.is_empty()).then_some(list)
+            };
+            EndpointSubset {
+                addresses: pick(true),
+                not_ready_addresses: pick(false),
+                ports: (!group_ports.is_empty()).then_some(group_ports),
+            }
+        })
+        .collect();
+    sort_subsets(repacked)
+}
+
+fn port_key(
+    port: Option<&EndpointPort>,
+    identity: AppProtocolIdentity,
+    occurrences: &mut usize,
+) -> PortKey {
+    let Some(port) = port else {
+        return PortKey {
+            name: String::new(),
+            port: SENTINEL_PORT,
+            protocol: String::new(),
+            app_protocol: None,
+        };
+    };
+    let app_protocol = port.app_protocol.as_ref().map(|text| match identity {
+        AppProtocolIdentity::ByValue => AppProtocolKey::Text(text.clone()),
+        AppProtocolIdentity::ByOccurrence => {
+            *occurrences += 1;
+            AppProtocolKey::Occurrence(*occurrences)
+        }
+    });
+    PortKey {
+        name: port.name.clone().unwrap_or_default(),
+        port: port.port,
+        protocol: port.protocol.clone().unwrap_or_default(),
+        app_protocol,
+    }
+}
+
+/// Upstream's address order: IP text bytes, then an address without targetRef
+/// first, then targetRef UID.
+fn address_order(address: &EndpointAddress) -> (&str, bool, &str) {
+    let uid = address
+        .target_ref
+        .as_ref()
+        .map(|r| r.uid.as_deref().unwrap_or(""));
+    (address.ip.as_str(), uid.is_some(), uid.unwrap_or(""))
+}
+
+/// Upstream's SortSubsets.
+pub(crate) fn sort_subsets(mut subsets: Vec<EndpointSubset>) -> Vec<EndpointSubset> {
+    for subset in &mut subsets {
+        for list in [&mut subset.addresses, &mut subset.not_ready_addresses]
+            .into_iter()
+            .flatten()
+        {
+            list.sort_by(|a, b| address_order(a).cmp(&address_order(b)));
+        }
+        if let Some(ports) = subset.ports.as_mut() {
+            ports.sort_by_cached_key(port_digest);
+        }
+    }
+    subsets.sort_by_cached_key(subset_digest);
+    subsets
+}
+
+#[cfg(test)]
+#[path = "repack_tests.rs"]
+mod tests;

@@ -1,0 +1,133 @@
+//! Golden values printed by upstream Go code (k8s.io/kubernetes v1.36.3:
+//! `hashutil.DeepHashObject` with `fnv.New128a()` and `dump.ForHash`) for the
+//! same inputs; our rendering and digest must match them exactly.
+
+use super::*;
+use crate::desired::testkit::{address, pod_ref, port, subset};
+
+fn hex(digest: Digest) -> String {
+    format!("{digest:032x}")
+}
+
+#[test]
+fn fnv1a_128_reference_vectors() {
+    // Published FNV-1a 128-bit test vectors.
+    assert_eq!(hex(fnv1a_128(b"")), "6c62272e07bb014262b821756295c58d");
+    assert_eq!(hex(fnv1a_128(b"a")), "d228cb696f1a8caf78912b704e4a8964");
+}
+
+#[test]
+fn port_renderings_and_digests_match_upstream() {
+    let cases = [
+        (
+            "named port, no appProtocol",
+            port("http", 80, "TCP", None),
+            "(v1.EndpointPort){Name:(string)http Port:(int32)80 Protocol:(v1.Protocol)TCP AppProtocol:(*string)<nil>}",
+            "754b003f50f133a539c60d18cfb30a55",
+        ),
+        (
+            "unnamed port",
+            port("", 8080, "TCP", None),
+            "(v1.EndpointPort){Name:(string) Port:(int32)8080 Protocol:(v1.Protocol)TCP AppProtocol:(*string)<nil>}",
+            "b09ff368df0fc81442c7b7a3ab2dbca5",
+        ),
+        (
+            "appProtocol set",
+            port("grpc", 9090, "TCP", Some("kubernetes.io/h2c")),
+            "(v1.EndpointPort){Name:(string)grpc Port:(int32)9090 Protocol:(v1.Protocol)TCP AppProtocol:(*string)kubernetes.io/h2c}",
+            "9e14b1366e902def1e42b1a55f645e26",
+        ),
+        (
+            "udp",
+            port("dns", 53, "UDP", None),
+            "(v1.EndpointPort){Name:(string)dns Port:(int32)53 Protocol:(v1.Protocol)UDP AppProtocol:(*string)<nil>}",
+            "cf684d8c2a0def1ba31f64600b9051ae",
+        ),
+        (
+            "appProtocol pointer to empty string",
+            port("sctp", 3868, "SCTP", Some("")),
+            "(v1.EndpointPort){Name:(string)sctp Port:(int32)3868 Protocol:(v1.Protocol)SCTP AppProtocol:(*string)}",
+            "2084400e4265fd07374e430c1160c6a4",
+        ),
+        (
+            "protocol unset",
+            port("x", 1, "", None),
+            "(v1.EndpointPort){Name:(string)x Port:(int32)1 Protocol:(v1.Protocol) AppProtocol:(*string)<nil>}",
+            "9ef819d360124be9f7343bb88f2fda01",
+        ),
+    ];
+    for (case, value, rendering, digest) in cases {
+        assert_eq!(render_port(&value), rendering, "{case}");
+        assert_eq!(hex(port_digest(&value)), digest, "{case}");
+    }
+}
+
+#[test]
+fn subset_renderings_and_digests_match_upstream() {
+    let mut with_hostname = address("10.0.0.2", Some(""), Some(pod_ref("ns", "web-0", "uid-b")));
+    with_hostname.hostname = Some("web-0".into());
+    let mut with_resource_version = pod_ref("ns", "p3", "u3");
+    with_resource_version.resource_version = Some("123".into());
+    let cases = [
+        (
+            "one ready address with nodeName",
+            subset(
+                Some(vec![address(
+                    "10.0.0.1",
+                    Some("node-a"),
+                    Some(pod_ref("ns", "pod-a", "uid-a")),
+                )]),
+                None,
+                Some(vec![port("http", 80, "TCP", None)]),
+            ),
+            "(v1.EndpointSubset){Addresses:([]v1.EndpointAddress)[{IP:(string)10.0.0.1 Hostname:(string) NodeName:(*string)node-a TargetRef:(*v1.ObjectReference){Kind:(string)Pod Namespace:(string)ns Name:(string)pod-a UID:(types.UID)uid-a APIVersion:(string) ResourceVersion:(string) FieldPath:(string)}}] NotReadyAddresses:([]v1.EndpointAddress)<nil> Ports:([]v1.EndpointPort)[{Name:(string)http Port:(int32)80 Protocol:(v1.Protocol)TCP AppProtocol:(*string)<nil>}]}",
+            "48de5997baf859f08689f702e98f6cf2",
+        ),
+        (
+            "not-ready address with hostname and empty nodeName",
+            subset(
+                None,
+                Some(vec![with_hostname]),
+                Some(vec![
+                    port("http", 80, "TCP", None),
+                    port("grpc", 9090, "TCP", Some("kubernetes.io/h2c")),
+                ]),
+            ),
+            "(v1.EndpointSubset){Addresses:([]v1.EndpointAddress)<nil> NotReadyAddresses:([]v1.EndpointAddress)[{IP:(string)10.0.0.2 Hostname:(string)web-0 NodeName:(*string) TargetRef:(*v1.ObjectReference){Kind:(string)Pod Namespace:(string)ns Name:(string)web-0 UID:(types.UID)uid-b APIVersion:(string) ResourceVersion:(string) FieldPath:(string)}}] Ports:([]v1.EndpointPort)[{Name:(string)http Port:(int32)80 Protocol:(v1.Protocol)TCP AppProtocol:(*string)<nil>} {Name:(string)grpc Port:(int32)9090 Protocol:(v1.Protocol)TCP AppProtocol:(*string)kubernetes.io/h2c}]}",
+            "4cd69084964d68dbdf0ef7cbfc0850f8",
+        ),
+        (
+            "nil nodeName, nil targetRef, nil ports",
+            subset(Some(vec![address("fd00::1", None, None)]), None, None),
+            "(v1.EndpointSubset){Addresses:([]v1.EndpointAddress)[{IP:(string)fd00::1 Hostname:(string) NodeName:(*string)<nil> TargetRef:(*v1.ObjectReference)<nil>}] NotReadyAddresses:([]v1.EndpointAddress)<nil> Ports:([]v1.EndpointPort)<nil>}",
+            "2faba91a4d3ac50a4a12936ac5cda230",
+        ),
+        (
+            "empty but non-nil slices",
+            subset(Some(vec![]), None, Some(vec![])),
+            "(v1.EndpointSubset){Addresses:([]v1.EndpointAddress)[] NotReadyAddresses:([]v1.EndpointAddress)<nil> Ports:([]v1.EndpointPort)[]}",
+            "1ec89e8bb6a85ed50869ee728127548d",
+        ),
+        (
+            "several addresses, targetRef resourceVersion",
+            subset(
+                Some(vec![
+                    address("10.0.0.3", Some("n1"), Some(with_resource_version)),
+                    address("10.0.0.4", None, Some(pod_ref("ns", "p4", "u4"))),
+                ]),
+                Some(vec![address(
+                    "10.0.0.5",
+                    Some("n2"),
+                    Some(pod_ref("ns", "p5", "u5")),
+                )]),
+                Some(vec![port("dns", 53, "UDP", None)]),
+            ),
+            "(v1.EndpointSubset){Addresses:([]v1.EndpointAddress)[{IP:(string)10.0.0.3 Hostname:(string) NodeName:(*string)n1 TargetRef:(*v1.ObjectReference){Kind:(string)Pod Namespace:(string)ns Name:(string)p3 UID:(types.UID)u3 APIVersion:(string) ResourceVersion:(string)123 FieldPath:(string)}} {IP:(string)10.0.0.4 Hostname:(string) NodeName:(*string)<nil> TargetRef:(*v1.ObjectReference){Kind:(string)Pod Namespace:(string)ns Name:(string)p4 UID:(types.UID)u4 APIVersion:(string) ResourceVersion:(string) FieldPath:(string)}}] NotReadyAddresses:([]v1.EndpointAddress)[{IP:(string)10.0.0.5 Hostname:(string) NodeName:(*string)n2 TargetRef:(*v1.ObjectReference){Kind:(string)Pod Namespace:(string)ns Name:(string)p5 UID:(types.UID)u5 APIVersion:(string) ResourceVersion:(string) FieldPath:(string)}}] Ports:([]v1.EndpointPort)[{Name:(string)dns Port:(int32)53 Protocol:(v1.Protocol)UDP AppProtocol:(*string)<nil>}]}",
+            "55f51c33f9d19d9219815c6fce980331",
+        ),
+    ];
+    for (case, value, rendering, digest) in cases {
+        assert_eq!(render_subset(&value), rendering, "{case}");
+        assert_eq!(hex(subset_digest(&value)), digest, "{case}");
+    }
+}

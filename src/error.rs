@@ -1,0 +1,119 @@
+//! The library's one error type. Every variant maps to a bounded metric label.
+
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum Error {
+    /// A call to the Kubernetes API failed (transport, decode or an API status).
+    #[error("kubernetes API call failed while {action}: {source}")]
+    Kube {
+        action: &'static str,
+        #[source]
+        source: kube::Error,
+    },
+
+    /// A write lost a race with another writer (HTTP 409); retried from fresh state.
+    #[error(
+        "conflict while {action} {key}: the object changed underneath; retrying from fresh state"
+    )]
+    Conflict { action: &'static str, key: String },
+
+    /// A list or watch failed (the watcher retries by itself; a resync waits
+    /// for its next interval).
+    #[error(transparent)]
+    Watch(#[from] crate::watch::WatchError),
+
+    /// Configuration that cannot work (bad flag value, bad kubeconfig).
+    #[error("configuration: {0}")]
+    Config(String),
+
+    /// The metrics/health server could not start.
+    #[error("metrics server on {addr}: {source}")]
+    Server {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// A label for `endpoints_guard_reconcile_errors_total{error=...}`: one of a fixed set.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::Kube { source, .. } => match source {
+                kube::Error::Api(status) => match status.code {
+                    403 => "forbidden",
+                    404 => "not_found",
+                    409 => "conflict",
+                    410 => "gone",
+                    422 => "invalid",
+                    429 => "throttled",
+                    500..=599 => "server_error",
+                    _ => "api_other",
+                },
+                kube::Error::SerdeError(_) => "decode",
+                _ => "transport",
+            },
+            Error::Conflict { .. } => "conflict",
+            Error::Watch(_) => "watch",
+            Error::Config(_) => "config",
+            Error::Server { .. } => "server",
+        }
+    }
+
+    /// Wraps a kube error, turning a 409 into [`Error::Conflict`].
+    pub fn kube(action: &'static str, key: impl Into<String>, source: kube::Error) -> Self {
+        match &source {
+            kube::Error::Api(status) if status.code == 409 => Error::Conflict {
+                action,
+                key: key.into(),
+            },
+            _ => Error::Kube { action, source },
+        }
+    }
+}
+
+/// The HTTP status code of an API error, if the error is one.
+pub fn api_code(err: &kube::Error) -> Option<u16> {
+    match err {
+        kube::Error::Api(status) => Some(status.code),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api_error(code: u16) -> kube::Error {
+        kube::Error::Api(Box::new(kube::core::Status {
+            code,
+            ..Default::default()
+        }))
+    }
+
+    #[test]
+    fn conflict_becomes_its_own_variant() {
+        let err = Error::kube("updating endpoints", "ns/a", api_error(409));
+        assert!(matches!(err, Error::Conflict { .. }));
+        assert_eq!(err.metric_label(), "conflict");
+    }
+
+    #[test]
+    fn labels_are_bounded_by_status_class() {
+        assert_eq!(
+            Error::kube("x", "k", api_error(403)).metric_label(),
+            "forbidden"
+        );
+        assert_eq!(
+            Error::kube("x", "k", api_error(503)).metric_label(),
+            "server_error"
+        );
+        assert_eq!(
+            Error::kube("x", "k", api_error(418)).metric_label(),
+            "api_other"
+        );
+    }
+}

@@ -1,0 +1,60 @@
+//! endpoints-guard: parse the flags, set up logging, check the API server, run
+//! until SIGTERM or Ctrl-C, shut down cleanly.
+
+use anyhow::Context as _;
+use clap::Parser;
+use endpoints_guard::config::{Config, LogFormat};
+use endpoints_guard::{controller, startup};
+use tokio::sync::watch;
+use tracing_subscriber::EnvFilter;
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let cfg = Config::parse();
+    init_tracing(cfg.log_format);
+    match run(cfg).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            // One line an operator can act on.
+            tracing::error!("{err:#}");
+            eprintln!("endpoints-guard: {err:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_tracing(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+async fn run(cfg: Config) -> anyhow::Result<()> {
+    let client = startup::client(&cfg).await?;
+    startup::preflight(&client, &cfg).await?;
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let (_running, done) = controller::start(cfg, client, shutdown_rx)
+        .await
+        .context("starting the controller")?;
+    let done = tokio::spawn(done);
+    wait_for_signal().await?;
+    tracing::info!("signal received; stopping");
+    let _ = shutdown_tx.send(true);
+    done.await.context("controller task")?;
+    Ok(())
+}
+
+async fn wait_for_signal() -> anyhow::Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    tokio::select! {
+        _ = term.recv() => {}
+        res = tokio::signal::ctrl_c() => res.context("waiting for Ctrl-C")?,
+    }
+    Ok(())
+}

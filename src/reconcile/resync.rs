@@ -1,0 +1,145 @@
+//! The periodic full resync diff and the start-up sweep.
+//!
+//! A watch can lose events for good (a lost DELETE leaves a ghost until a relist;
+//! upstream informers relist every 12–24 h and their resync only replays the cache).
+//! Every interval, a consistent paginated LIST of each resource is diffed against
+//! the cache: what differs is counted by resource and kind, repaired, and the
+//! affected Services are reconciled.
+
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use k8s_openapi::api::core::v1::{Endpoints, Pod, Service};
+use kube::Api;
+use tracing::{info, warn};
+
+use super::objects::without_managed_fields;
+use super::sync::{is_deletable, managed_by};
+use super::{Context, handlers};
+use crate::desired::{self, PodInfo};
+use crate::error::Result;
+use crate::watch::{self, Cached, ListDiff};
+
+/// Where to list from: the whole cluster or one namespace.
+#[derive(Clone)]
+pub struct Apis {
+    pub services: Api<Service>,
+    pub pods: Api<Pod>,
+    pub endpoints: Api<Endpoints>,
+    pub page_size: u32,
+}
+
+fn record<T: Cached>(ctx: &Context, resource: &str, diff: &ListDiff<T>) {
+    let drift = &ctx.metrics.resync_drift;
+    drift
+        .with_label_values(&[resource, "missed_add"])
+        .inc_by(diff.added as u64);
+    drift
+        .with_label_values(&[resource, "missed_update"])
+        .inc_by(diff.updated as u64);
+    drift
+        .with_label_values(&[resource, "missed_delete"])
+        .inc_by(diff.deletion_candidates as u64);
+}
+
+/// One full resync. Errors leave the caches as they were (each resource's diff is
+/// applied whole or not at all) and are retried at the next interval.
+pub async fn resync_once(ctx: &Arc<Context>, apis: &Apis) -> Result<()> {
+    let start = Instant::now();
+    let snap = watch::list_snapshot(&apis.services, apis.page_size, without_managed_fields).await?;
+    let diff = ctx.stores.services.write().apply_list_with_unknown(
+        snap.items,
+        &snap.resource_version,
+        &snap.unknown,
+    );
+    record(ctx, "services", &diff);
+    for change in &diff.changes {
+        handlers::on_service(ctx, change);
+    }
+
+    let snap =
+        watch::list_snapshot(&apis.pods, apis.page_size, |p: Pod| PodInfo::from_pod(&p)).await?;
+    let diff = ctx.stores.pods.write().apply_list_with_unknown(
+        snap.items,
+        &snap.resource_version,
+        &snap.unknown,
+    );
+    record(ctx, "pods", &diff);
+    for change in &diff.changes {
+        handlers::on_pod(ctx, change);
+    }
+
+    let snap =
+        watch::list_snapshot(&apis.endpoints, apis.page_size, without_managed_fields).await?;
+    let diff = ctx.stores.endpoints.write().apply_list_with_unknown(
+        snap.items,
+        &snap.resource_version,
+        &snap.unknown,
+    );
+    record(ctx, "endpoints", &diff);
+    for change in &diff.changes {
+        handlers::on_endpoints(ctx, change);
+    }
+
+    sweep(ctx, true);
+    let elapsed = start.elapsed().as_secs_f64();
+    ctx.metrics.resync_duration.observe(elapsed);
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or_default();
+    ctx.metrics.last_successful_resync.set(now);
+    info!(seconds = elapsed, "full resync diff done");
+    Ok(())
+}
+
+/// Compares Services with Endpoints in the caches: Endpoints we manage whose
+/// Service is missing are queued (their reconcile confirms with a live read before
+/// deleting anything); Endpoints we do not manage are only reported; selector
+/// Services without Endpoints are queued. `count_drift` is false for the start-up
+/// sweep, where nothing has drifted yet.
+pub fn sweep(ctx: &Context, count_drift: bool) {
+    let services = ctx.stores.services.read();
+    let endpoints = ctx.stores.endpoints.read();
+    let mut unmanaged = 0;
+    let mut orphaned = 0;
+    for ep in endpoints.iter() {
+        let key = ep.key();
+        if services.get(&key).is_some() {
+            continue;
+        }
+        if is_deletable(ep) {
+            orphaned += 1;
+            ctx.queue.add(key);
+        } else {
+            unmanaged += 1;
+            tracing::debug!(%key, managed_by = ?managed_by(ep), "Endpoints without a Service, not managed by us: left alone");
+        }
+    }
+    let mut missing = 0;
+    for svc in services.iter() {
+        if desired::managed_selector(svc).is_some() && endpoints.get(&svc.key()).is_none() {
+            missing += 1;
+            ctx.queue.add(svc.key());
+        }
+    }
+    ctx.metrics
+        .unmanaged_orphans
+        .with_label_values(&["cluster"])
+        .set(unmanaged);
+    if unmanaged > 0 {
+        warn!(
+            count = unmanaged,
+            "Endpoints without a Service that endpoints-guard does not manage; not deleting them"
+        );
+    }
+    if count_drift {
+        let drift = &ctx.metrics.resync_drift;
+        drift
+            .with_label_values(&["endpoints", "orphaned"])
+            .inc_by(orphaned);
+        drift
+            .with_label_values(&["endpoints", "missing"])
+            .inc_by(missing);
+    }
+}

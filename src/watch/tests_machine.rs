@@ -1,0 +1,239 @@
+//! State machine tests: pagination, restarts, backoff, resume point.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::error::ApiErrorKind;
+use super::machine::{Action, Machine, PageOutcome, Phase, RestartReason};
+use super::testutil::{Obj, TestBackoff, machine, obj};
+
+fn watching(m: &mut Machine<Obj>, list_rv: &str) {
+    assert!(matches!(
+        m.on_list_page(vec![], None, list_rv),
+        PageOutcome::Complete(_)
+    ));
+}
+
+#[test]
+fn starts_with_a_consistent_first_page() {
+    let m = machine();
+    assert_eq!(
+        m.next_action(),
+        Action::List {
+            continue_token: None,
+            limit: 500
+        }
+    );
+}
+
+#[test]
+fn pages_are_buffered_and_handed_out_as_one_list() {
+    let mut m = machine();
+    assert!(matches!(
+        m.on_list_page(vec![obj("a", "ua", "5")], Some("c1".into()), "100"),
+        PageOutcome::More
+    ));
+    assert_eq!(
+        m.next_action(),
+        Action::List {
+            continue_token: Some("c1".into()),
+            limit: 500
+        }
+    );
+    let out = m.on_list_page(vec![obj("b", "ub", "6")], None, "100");
+    let PageOutcome::Complete(list) = out else {
+        panic!("want complete, got {out:?}")
+    };
+    assert_eq!(list.items.len(), 2);
+    assert_eq!(list.resource_version, "100");
+    assert_eq!(
+        m.next_action(),
+        Action::Watch {
+            resource_version: "100".into()
+        }
+    );
+}
+
+#[test]
+fn expired_continue_token_restarts_the_list_from_scratch() {
+    let mut m = machine();
+    m.on_list_page(vec![obj("a", "ua", "5")], Some("c1".into()), "100");
+    assert_eq!(
+        m.on_list_error(ApiErrorKind::Expired),
+        RestartReason::ContinueExpired
+    );
+    assert_eq!(
+        m.next_action(),
+        Action::List {
+            continue_token: None,
+            limit: 500
+        }
+    );
+    // The first attempt's page is gone: the new list stands alone.
+    let out = m.on_list_page(vec![obj("b", "ub", "6")], None, "200");
+    let PageOutcome::Complete(list) = out else {
+        panic!("want complete")
+    };
+    assert_eq!(
+        list.items
+            .iter()
+            .map(|o| o.key.name.as_str())
+            .collect::<Vec<_>>(),
+        vec!["b"]
+    );
+    assert_eq!(list.resource_version, "200");
+}
+
+#[test]
+fn list_errors_back_off_then_relist_from_scratch() {
+    let mut m = machine();
+    m.on_list_page(vec![obj("a", "ua", "5")], Some("c1".into()), "100");
+    assert_eq!(
+        m.on_list_error(ApiErrorKind::Transient(503)),
+        RestartReason::ListError
+    );
+    assert_eq!(m.next_action(), Action::Backoff(Duration::from_secs(1)));
+    m.on_backoff_elapsed();
+    assert_eq!(
+        m.next_action(),
+        Action::List {
+            continue_token: None,
+            limit: 500
+        }
+    );
+}
+
+#[test]
+fn list_without_resource_version_is_not_watched_from() {
+    let mut m = machine();
+    assert!(matches!(
+        m.on_list_page(vec![], None, ""),
+        PageOutcome::Invalid
+    ));
+    assert!(matches!(m.next_action(), Action::Backoff(_)));
+}
+
+#[test]
+fn bookmarks_advance_the_resume_point() {
+    let mut m = machine();
+    watching(&mut m, "100");
+    m.on_bookmark("180");
+    assert_eq!(
+        m.next_action(),
+        Action::Watch {
+            resource_version: "180".into()
+        }
+    );
+    m.on_stream_end();
+    assert_eq!(
+        m.next_action(),
+        Action::Watch {
+            resource_version: "180".into()
+        }
+    );
+}
+
+#[test]
+fn error_events_relist_and_repeated_ones_back_off() {
+    let mut m = machine();
+    watching(&mut m, "100");
+    assert_eq!(
+        m.on_watch_error_event(500, "InternalError"),
+        RestartReason::WatchError500
+    );
+    assert_eq!(
+        m.next_action(),
+        Action::List {
+            continue_token: None,
+            limit: 500
+        }
+    );
+    watching(&mut m, "200");
+    // Errors again before any event: no hot relist loop.
+    assert_eq!(
+        m.on_watch_error_event(400, "BadRequest"),
+        RestartReason::OtherWatchError
+    );
+    assert!(matches!(m.next_action(), Action::Backoff(_)));
+    m.on_backoff_elapsed();
+    assert!(matches!(
+        m.phase(),
+        Phase::Relisting {
+            reason: RestartReason::OtherWatchError
+        }
+    ));
+}
+
+#[test]
+fn watch_start_errors_classified() {
+    let mut m = machine();
+    watching(&mut m, "100");
+    assert_eq!(
+        m.on_watch_start_error(ApiErrorKind::Expired),
+        RestartReason::Expired
+    );
+    assert!(matches!(
+        m.phase(),
+        Phase::Relisting {
+            reason: RestartReason::Expired
+        }
+    ));
+    watching(&mut m, "200");
+    assert_eq!(
+        m.on_watch_start_error(ApiErrorKind::Rejected(403)),
+        RestartReason::WatchRejected
+    );
+    m.on_backoff_elapsed();
+    assert!(matches!(
+        m.next_action(),
+        Action::List {
+            continue_token: None,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn stream_end_without_events_pauses_before_resuming() {
+    let mut m = machine();
+    watching(&mut m, "100");
+    m.on_watch_started();
+    m.on_stream_end();
+    assert!(matches!(m.next_action(), Action::Backoff(_)));
+    m.on_backoff_elapsed();
+    assert_eq!(
+        m.next_action(),
+        Action::Watch {
+            resource_version: "100".into()
+        }
+    );
+}
+
+#[test]
+fn backoff_resets_after_a_successful_list() {
+    let backoff = TestBackoff::default();
+    let resets = backoff.resets.clone();
+    let mut m: Machine<Obj> = Machine::new(500, Box::new(backoff));
+    m.on_list_error(ApiErrorKind::Connect);
+    m.on_backoff_elapsed();
+    watching(&mut m, "100");
+    assert!(resets.load(Ordering::SeqCst) >= 1);
+}
+
+#[test]
+fn restart_reasons_have_bounded_labels() {
+    let all = [
+        RestartReason::Expired,
+        RestartReason::WatchError500,
+        RestartReason::OtherWatchError,
+        RestartReason::StreamEnded,
+        RestartReason::ConnectError,
+        RestartReason::WatchRejected,
+        RestartReason::ListError,
+        RestartReason::ContinueExpired,
+    ];
+    let labels: std::collections::HashSet<_> =
+        all.iter().map(RestartReason::metric_label).collect();
+    assert_eq!(labels.len(), all.len());
+    assert!(!RestartReason::StreamEnded.relists() && RestartReason::Expired.relists());
+}

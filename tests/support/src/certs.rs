@@ -1,0 +1,124 @@
+//! Certificates and keys for kube-apiserver, made with rcgen: one CA that
+//! signs both the serving certificate (IP 127.0.0.1, DNS localhost) and the
+//! admin client certificate (O=system:masters), plus the ECDSA P-256 key pair
+//! that signs ServiceAccount tokens.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, SanType,
+};
+
+/// Common name of the admin client certificate.
+pub const ADMIN_USER: &str = "eg-admin";
+
+/// The files of the control plane's PKI, all in one folder.
+#[derive(Debug, Clone)]
+pub struct Pki {
+    /// The CA certificate, PEM.
+    pub ca_pem: String,
+    /// `ca.crt`: trusted for serving and for client certificates.
+    pub ca_cert: PathBuf,
+    /// `apiserver.crt` / `apiserver.key`: kube-apiserver's serving pair.
+    pub serving_cert: PathBuf,
+    /// See `serving_cert`.
+    pub serving_key: PathBuf,
+    /// `admin.crt` / `admin.key`: CN=eg-admin, O=system:masters.
+    pub admin_cert: PathBuf,
+    /// See `admin_cert`.
+    pub admin_key: PathBuf,
+    /// `sa.pub`: verifies ServiceAccount tokens.
+    pub sa_public_key: PathBuf,
+    /// `sa.key`: signs ServiceAccount tokens.
+    pub sa_private_key: PathBuf,
+}
+
+impl Pki {
+    /// Generates every key and certificate and writes them into `dir`.
+    pub fn generate(dir: &Path) -> Result<Self> {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+
+        let ca_key = KeyPair::generate().context("generating the CA key")?;
+        let mut ca_params = CertificateParams::default();
+        ca_params.distinguished_name = name("eg-test-ca", None);
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let ca_cert = ca_params
+            .self_signed(&ca_key)
+            .context("self-signing the CA")?;
+        let ca = Issuer::new(ca_params, ca_key);
+
+        let serving_key = KeyPair::generate().context("generating the serving key")?;
+        let mut serving = CertificateParams::default();
+        serving.distinguished_name = name("kube-apiserver", None);
+        serving.subject_alt_names = vec![
+            SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+            SanType::DnsName("localhost".try_into().context("DNS name localhost")?),
+        ];
+        serving.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        serving.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        serving.use_authority_key_identifier_extension = true;
+        let serving_cert = serving
+            .signed_by(&serving_key, &ca)
+            .context("signing the serving certificate")?;
+
+        let admin_key = KeyPair::generate().context("generating the admin key")?;
+        let mut admin = CertificateParams::default();
+        admin.distinguished_name = name(ADMIN_USER, Some("system:masters"));
+        admin.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        admin.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        admin.use_authority_key_identifier_extension = true;
+        let admin_cert = admin
+            .signed_by(&admin_key, &ca)
+            .context("signing the admin client certificate")?;
+
+        // ECDSA P-256 (rcgen's default algorithm): kube-apiserver accepts it
+        // for --service-account-signing-key-file and signs tokens with ES256.
+        let sa_key = KeyPair::generate().context("generating the ServiceAccount key")?;
+
+        let pki = Self {
+            ca_pem: ca_cert.pem(),
+            ca_cert: dir.join("ca.crt"),
+            serving_cert: dir.join("apiserver.crt"),
+            serving_key: dir.join("apiserver.key"),
+            admin_cert: dir.join("admin.crt"),
+            admin_key: dir.join("admin.key"),
+            sa_public_key: dir.join("sa.pub"),
+            sa_private_key: dir.join("sa.key"),
+        };
+        write(&pki.ca_cert, &pki.ca_pem)?;
+        write(&pki.serving_cert, &serving_cert.pem())?;
+        write(&pki.serving_key, &serving_key.serialize_pem())?;
+        write(&pki.admin_cert, &admin_cert.pem())?;
+        write(&pki.admin_key, &admin_key.serialize_pem())?;
+        write(&pki.sa_public_key, &sa_key.public_key_pem())?;
+        write(&pki.sa_private_key, &sa_key.serialize_pem())?;
+        Ok(pki)
+    }
+}
+
+fn name(common_name: &str, organization: Option<&str>) -> DistinguishedName {
+    let mut dn = DistinguishedName::new();
+    if let Some(org) = organization {
+        dn.push(DnType::OrganizationName, org);
+    }
+    dn.push(DnType::CommonName, common_name);
+    dn
+}
+
+fn write(path: &Path, contents: &str) -> Result<()> {
+    std::fs::write(path, contents).with_context(|| format!("writing {}", path.display()))
+}

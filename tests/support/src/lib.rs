@@ -1,0 +1,464 @@
+//! A real local Kubernetes control plane for endpoints-guard's end-to-end
+//! tests: etcd, kube-apiserver and, on demand, kube-controller-manager, run
+//! as plain processes listening only on 127.0.0.1.
+//!
+//! ```no_run
+//! # async fn demo() -> anyhow::Result<()> {
+//! use eg_testsupport::{ControlPlane, ControlPlaneOptions, PodBuilder, PodStatusSpec};
+//! let cp = ControlPlane::start(ControlPlaneOptions::default()).await?;
+//! cp.create_namespace("demo").await?;
+//! cp.create_pod(PodBuilder::new("demo", "web-0").label("app", "web").container_port("http", 8080, "TCP"))
+//!     .await?;
+//! cp.set_pod_status("demo", "web-0", PodStatusSpec::ready(["10.0.0.5"])).await?;
+//! let _kcm = cp.start_controller_manager("endpoints-controller", &[])?;
+//! # Ok(()) }
+//! ```
+//!
+//! Every child process gets `PR_SET_PDEATHSIG(SIGKILL)`, so it dies with the
+//! test process even on abort, and is killed when its handle drops. The
+//! temporary folder (certificates, etcd data, logs) is removed on drop, except
+//! while the thread is panicking: then the logs are kept, their paths and last
+//! lines printed to stderr. Set `EG_KEEP_CONTROLPLANE_DIR=1` to always keep it.
+
+pub mod binaries;
+pub mod certs;
+mod etcd;
+mod kubeconfig;
+mod objects;
+pub mod process;
+pub mod sockets;
+pub mod workload;
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::Api;
+use tempfile::TempDir;
+
+pub use binaries::Binaries;
+pub use certs::{ADMIN_USER, Pki};
+pub use objects::{PodBuilder, PodStatusSpec, ServiceBuilder};
+pub use process::Process;
+
+use crate::kubeconfig::Credentials;
+use crate::process::{LOG_TAIL_LINES, free_port};
+
+/// Environment variable that, when set (to anything but empty or `0`), keeps
+/// the control plane's temporary folder after the test.
+pub const KEEP_DIR_ENV: &str = "EG_KEEP_CONTROLPLANE_DIR";
+
+/// The Service CIDRs given to kube-apiserver: IPv4 first, IPv6 second, so
+/// single-stack Services get IPv4 and dual-stack Services work.
+pub const SERVICE_CLUSTER_IP_RANGE: &str = "10.96.0.0/16,fd00:10:96::/112";
+
+/// How to start a [`ControlPlane`].
+#[derive(Debug, Clone)]
+pub struct ControlPlaneOptions {
+    /// `--etcd-compaction-interval` for kube-apiserver; `None` keeps
+    /// upstream's default (5 minutes), `Some(Duration::ZERO)` disables
+    /// kube-apiserver's own compaction.
+    pub etcd_compaction_interval: Option<Duration>,
+    /// Extra kube-apiserver flags (`--name=value`), after ours, so they win.
+    pub apiserver_args: Vec<String>,
+    /// Extra etcd flags.
+    pub etcd_args: Vec<String>,
+    /// How long etcd and kube-apiserver each get to become ready.
+    pub startup_timeout: Duration,
+}
+
+impl Default for ControlPlaneOptions {
+    fn default() -> Self {
+        Self {
+            etcd_compaction_interval: None,
+            apiserver_args: Vec::new(),
+            etcd_args: Vec::new(),
+            startup_timeout: Duration::from_secs(90),
+        }
+    }
+}
+
+impl ControlPlaneOptions {
+    /// Adds one kube-apiserver flag, e.g. `--watch-cache=false`.
+    pub fn apiserver_arg(mut self, arg: impl Into<String>) -> Self {
+        self.apiserver_args.push(arg.into());
+        self
+    }
+
+    /// Sets `--etcd-compaction-interval` (zero disables it).
+    pub fn etcd_compaction_interval(mut self, interval: Duration) -> Self {
+        self.etcd_compaction_interval = Some(interval);
+        self
+    }
+}
+
+/// A running etcd + kube-apiserver. Dropping it stops both and removes its
+/// temporary folder (see the crate documentation for what a panic keeps).
+pub struct ControlPlane {
+    apiserver: Option<Process>,
+    etcd: Option<Process>,
+    apiserver_args: Vec<String>,
+    binaries: Binaries,
+    startup_timeout: Duration,
+    pki: Pki,
+    secure_port: u16,
+    etcd_port: u16,
+    kubeconfig: PathBuf,
+    root: PathBuf,
+    log_dir: PathBuf,
+    client: kube::Client,
+    controller_managers: AtomicUsize,
+    keep_logs: bool,
+    dir: Option<TempDir>,
+}
+
+impl ControlPlane {
+    /// Starts etcd and kube-apiserver and waits until kube-apiserver is ready
+    /// (`/readyz`) and the `default` namespace exists.
+    pub async fn start(options: ControlPlaneOptions) -> Result<Self> {
+        let binaries = Binaries::locate()?;
+        let dir = tempfile::Builder::new()
+            .prefix("eg-controlplane-")
+            .tempdir()
+            .context("creating the control plane's temporary folder")?;
+        let root = dir.path().to_path_buf();
+        let log_dir = root.join("logs");
+        std::fs::create_dir_all(&log_dir)
+            .with_context(|| format!("creating {}", log_dir.display()))?;
+        let pki = Pki::generate(&root.join("pki"))?;
+
+        let (etcd, etcd_port) = match etcd::start(
+            &binaries.etcd,
+            &root.join("etcd-data"),
+            &log_dir.join("etcd.log"),
+            &options.etcd_args,
+            options.startup_timeout,
+        )
+        .await
+        {
+            Ok(started) => started,
+            Err(err) => {
+                let kept = dir.keep();
+                return Err(
+                    err.context(format!("starting etcd (files kept in {})", kept.display()))
+                );
+            }
+        };
+
+        let secure_port = free_port()?;
+        let server = format!("https://127.0.0.1:{secure_port}");
+        let kubeconfig_text = kubeconfig::render(
+            "eg-admin",
+            &server,
+            &pki.ca_cert,
+            Credentials::ClientCert {
+                cert: &pki.admin_cert,
+                key: &pki.admin_key,
+            },
+        )?;
+        let kubeconfig = root.join("kubeconfig-admin.yaml");
+        kubeconfig::write(&kubeconfig, &kubeconfig_text)?;
+        let client = kubeconfig::client(&kubeconfig_text).await?;
+
+        let mut cp = Self {
+            apiserver: None,
+            etcd: Some(etcd),
+            apiserver_args: apiserver_args(&options, &pki, secure_port, etcd_port),
+            binaries,
+            startup_timeout: options.startup_timeout,
+            pki,
+            secure_port,
+            etcd_port,
+            kubeconfig,
+            root,
+            log_dir,
+            client,
+            controller_managers: AtomicUsize::new(0),
+            keep_logs: false,
+            dir: Some(dir),
+        };
+        cp.start_apiserver().await?;
+        Ok(cp)
+    }
+
+    /// A client authenticated as the admin (CN=eg-admin, O=system:masters).
+    pub fn client(&self) -> kube::Client {
+        self.client.clone()
+    }
+
+    /// The admin kubeconfig, for kube-controller-manager and for our own
+    /// binary's `--kubeconfig`.
+    pub fn kubeconfig_path(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// `https://127.0.0.1:<port>`.
+    pub fn server_url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.secure_port)
+    }
+
+    /// `http://127.0.0.1:<port>`: etcd's client URL.
+    pub fn etcd_client_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.etcd_port)
+    }
+
+    /// The folder holding one log file per started program.
+    pub fn log_dir(&self) -> &Path {
+        &self.log_dir
+    }
+
+    /// The CA certificate (PEM) that signed the serving and client certificates.
+    pub fn ca_pem(&self) -> &str {
+        &self.pki.ca_pem
+    }
+
+    /// All key and certificate files.
+    pub fn pki(&self) -> &Pki {
+        &self.pki
+    }
+
+    /// The programs this control plane runs.
+    pub fn binaries(&self) -> &Binaries {
+        &self.binaries
+    }
+
+    /// Process ids of the running etcd and kube-apiserver.
+    pub fn pids(&self) -> Vec<u32> {
+        [&self.etcd, &self.apiserver]
+            .into_iter()
+            .flatten()
+            .filter_map(Process::pid)
+            .collect()
+    }
+
+    /// Writes a kubeconfig that authenticates with a bearer `token` (e.g. a
+    /// ServiceAccount token) and returns its path; `name` names the file and
+    /// the kubeconfig's context and must be a plain file-name part.
+    pub fn kubeconfig_for_token(&self, name: &str, token: &str) -> Result<PathBuf> {
+        if name.is_empty() || name.contains(['/', '\\']) || name.starts_with('.') {
+            bail!("kubeconfig name {name:?} must be a plain file-name part");
+        }
+        let text = kubeconfig::render(
+            name,
+            &self.server_url(),
+            &self.pki.ca_cert,
+            Credentials::Token(token),
+        )?;
+        let path = self.root.join(format!("kubeconfig-{name}.yaml"));
+        kubeconfig::write(&path, &text)?;
+        Ok(path)
+    }
+
+    /// A client that authenticates with a bearer `token`.
+    pub async fn client_for_token(&self, token: &str) -> Result<kube::Client> {
+        let text = kubeconfig::render(
+            "token",
+            &self.server_url(),
+            &self.pki.ca_cert,
+            Credentials::Token(token),
+        )?;
+        kubeconfig::client(&text).await
+    }
+
+    /// Starts kube-controller-manager against this control plane with only
+    /// `controllers` enabled (e.g. `"endpoints-controller"`, comma-separated
+    /// like `--controllers`) and `extra_args` appended. It serves nothing
+    /// (`--secure-port=0`). The returned handle kills it on drop.
+    pub fn start_controller_manager(
+        &self,
+        controllers: &str,
+        extra_args: &[&str],
+    ) -> Result<Process> {
+        let n = self.controller_managers.fetch_add(1, Ordering::Relaxed);
+        let log = self
+            .log_dir
+            .join(format!("kube-controller-manager-{n}.log"));
+        let mut args = vec![
+            format!("--kubeconfig={}", self.kubeconfig.display()),
+            format!("--controllers={controllers}"),
+            "--leader-elect=false".to_string(),
+            // No HTTPS endpoint at all (and so nothing listening anywhere);
+            // --bind-address would only matter for a non-zero port.
+            "--secure-port=0".to_string(),
+            "--bind-address=127.0.0.1".to_string(),
+            "--use-service-account-credentials=false".to_string(),
+            "--v=2".to_string(),
+        ];
+        args.extend(extra_args.iter().map(|arg| arg.to_string()));
+        Process::spawn(
+            "kube-controller-manager",
+            &self.binaries.kube_controller_manager,
+            &args,
+            &log,
+        )
+    }
+
+    /// etcd's current revision.
+    pub async fn etcd_revision(&self) -> Result<i64> {
+        etcd::current_revision(self.etcd_addr()).await
+    }
+
+    /// Compacts etcd at its current revision and returns that revision: every
+    /// older revision is gone, so watches from older resourceVersions that
+    /// reach etcd fail with 410 Gone.
+    pub async fn compact_etcd(&self) -> Result<i64> {
+        etcd::compact(self.etcd_addr()).await
+    }
+
+    /// Stops kube-apiserver (SIGTERM, then SIGKILL after 15 s) and starts it
+    /// again on the same port with the same certificates and etcd, waiting
+    /// until it is ready. etcd and its data are untouched.
+    pub async fn restart_apiserver(&mut self) -> Result<()> {
+        if let Some(mut apiserver) = self.apiserver.take() {
+            apiserver.stop().await.context("stopping kube-apiserver")?;
+        }
+        self.start_apiserver().await
+    }
+
+    fn etcd_addr(&self) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.etcd_port))
+    }
+
+    /// Starts kube-apiserver and waits for it; on failure the logs are kept.
+    async fn start_apiserver(&mut self) -> Result<()> {
+        let log = self.log_dir.join("kube-apiserver.log");
+        let mut process = Process::spawn(
+            "kube-apiserver",
+            &self.binaries.kube_apiserver,
+            &self.apiserver_args,
+            &log,
+        )?;
+        let ready = wait_ready(&self.client, &mut process, self.startup_timeout).await;
+        self.apiserver = Some(process);
+        ready.map_err(|err| {
+            self.keep_logs = true;
+            err.context(format!(
+                "kube-apiserver did not become ready (logs kept in {})",
+                self.log_dir.display()
+            ))
+        })
+    }
+}
+
+fn apiserver_args(
+    options: &ControlPlaneOptions,
+    pki: &Pki,
+    port: u16,
+    etcd_port: u16,
+) -> Vec<String> {
+    let path = |p: &Path| p.display().to_string();
+    let mut args = vec![
+        "--bind-address=127.0.0.1".to_string(),
+        "--advertise-address=127.0.0.1".to_string(),
+        format!("--secure-port={port}"),
+        format!("--tls-cert-file={}", path(&pki.serving_cert)),
+        format!("--tls-private-key-file={}", path(&pki.serving_key)),
+        format!("--client-ca-file={}", path(&pki.ca_cert)),
+        format!("--service-account-key-file={}", path(&pki.sa_public_key)),
+        format!(
+            "--service-account-signing-key-file={}",
+            path(&pki.sa_private_key)
+        ),
+        format!("--service-account-issuer=https://127.0.0.1:{port}"),
+        "--authorization-mode=RBAC".to_string(),
+        format!("--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}"),
+        // No service-account controller runs, so namespaces never get their
+        // `default` ServiceAccount, and the ServiceAccount admission plugin
+        // would reject every pod for lacking it.
+        "--disable-admission-plugins=ServiceAccount".to_string(),
+        format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
+        // The apiserver cannot publish 127.0.0.1 as the `kubernetes`
+        // Service's endpoint (loopback is invalid there) and would log an
+        // error every few seconds trying; the Service itself is still made.
+        "--endpoint-reconciler-type=none".to_string(),
+        // API priority and fairness only slows startup down here.
+        "--enable-priority-and-fairness=false".to_string(),
+        "--profiling=false".to_string(),
+        "--v=1".to_string(),
+    ];
+    if let Some(interval) = options.etcd_compaction_interval {
+        args.push(format!(
+            "--etcd-compaction-interval={}ms",
+            interval.as_millis()
+        ));
+    }
+    args.extend(options.apiserver_args.iter().cloned());
+    args
+}
+
+async fn wait_ready(client: &kube::Client, process: &mut Process, timeout: Duration) -> Result<()> {
+    let start = Instant::now();
+    loop {
+        process.ensure_running()?;
+        let last = match probe(client).await {
+            Ok(()) => return Ok(()),
+            Err(err) => format!("{err:#}"),
+        };
+        if start.elapsed() > timeout {
+            return Err(anyhow!(
+                "kube-apiserver not ready after {timeout:?} (last: {last}); last lines of {}:\n{}",
+                process.log_path().display(),
+                process.log_tail(LOG_TAIL_LINES)
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// `/readyz` says ok and the `default` namespace exists.
+async fn probe(client: &kube::Client) -> Result<()> {
+    let request = http::Request::get("/readyz")
+        .body(Vec::new())
+        .context("building GET /readyz")?;
+    let answer = tokio::time::timeout(Duration::from_secs(5), client.request_text(request))
+        .await
+        .context("GET /readyz timed out")?
+        .context("GET /readyz")?;
+    if answer.trim() != "ok" {
+        bail!("/readyz: {answer}");
+    }
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    tokio::time::timeout(Duration::from_secs(5), namespaces.get_opt("default"))
+        .await
+        .context("GET namespace default timed out")?
+        .context("GET namespace default")?
+        .ok_or_else(|| anyhow!("namespace default not created yet"))?;
+    Ok(())
+}
+
+impl std::fmt::Debug for ControlPlane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlPlane")
+            .field("server_url", &self.server_url())
+            .field("etcd_client_url", &self.etcd_client_url())
+            .field("dir", &self.root)
+            .field("apiserver", &self.apiserver)
+            .field("etcd", &self.etcd)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        // kube-apiserver first, so it does not log etcd errors on the way out.
+        drop(self.apiserver.take());
+        drop(self.etcd.take());
+        let Some(dir) = self.dir.take() else { return };
+        let keep_asked = std::env::var(KEEP_DIR_ENV).is_ok_and(|v| !v.is_empty() && v != "0");
+        if keep_asked || self.keep_logs || std::thread::panicking() {
+            let root = dir.keep();
+            if !keep_asked {
+                // The logs are what a failed test needs; etcd's data is large.
+                let _ = std::fs::remove_dir_all(root.join("etcd-data"));
+            }
+            eprintln!(
+                "--- eg-testsupport: control-plane files kept in {} (logs in {})",
+                root.display(),
+                self.log_dir.display()
+            );
+        }
+    }
+}
