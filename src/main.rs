@@ -15,9 +15,14 @@ async fn main() -> std::process::ExitCode {
     match run(cfg).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {
-            // One line an operator can act on.
-            tracing::error!("{err:#}");
-            eprintln!("endpoints-guard: {err:#}");
+            // One line an operator can act on: parser errors (YAML, JSON) span
+            // several lines with a source excerpt; fold them.
+            let line = format!("{err:#}")
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ");
+            tracing::error!("{line}");
+            eprintln!("endpoints-guard: {line}");
             std::process::ExitCode::FAILURE
         }
     }

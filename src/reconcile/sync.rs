@@ -10,6 +10,7 @@ use tracing::{debug, info, warn};
 
 use super::Context;
 use super::guard::{self, ServiceLookup};
+use crate::config::Mode;
 use crate::desired::{self, PodInfo};
 use crate::error::{Error, Result, api_code};
 use crate::watch::ObjectKey;
@@ -73,7 +74,12 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<()> {
     let created = service.metadata.creation_timestamp.as_ref().map(|t| t.0);
     let trigger = ctx.trigger_times.compute(key, created, &pod_refs);
     let computed = desired::compute_subsets(&service, &pod_refs);
-    if !desired::needs_write(&service, &computed, endpoints.as_deref(), desired::MANAGER) {
+    if !desired::needs_write(
+        &service,
+        &computed,
+        endpoints.as_deref(),
+        compare_as(ctx, endpoints.as_deref()),
+    ) {
         return Ok(());
     }
     let wanted = desired::build_endpoints(
@@ -84,6 +90,18 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<()> {
         desired::MANAGER,
     );
     apply(ctx, key, endpoints.as_deref(), wanted).await
+}
+
+/// The managed-by value a write would carry. In audit mode beside the upstream
+/// controller its Endpoints differ from ours only by that label; counting that as
+/// a divergence would hide the real ones.
+fn compare_as(ctx: &Context, current: Option<&Endpoints>) -> &'static str {
+    let upstream_wrote = current.and_then(managed_by) == Some(desired::UPSTREAM_MANAGER);
+    if ctx.mode == Mode::Audit && upstream_wrote {
+        desired::UPSTREAM_MANAGER
+    } else {
+        desired::MANAGER
+    }
 }
 
 async fn apply(

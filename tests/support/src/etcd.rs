@@ -83,6 +83,41 @@ pub async fn compact(addr: SocketAddr) -> Result<i64> {
     Ok(revision)
 }
 
+/// Deletes `key` (exactly that key) and returns how many keys went.
+pub async fn delete_key(addr: SocketAddr, key: &str) -> Result<i64> {
+    let encoded = base64_encode(key.as_bytes());
+    let body = call(addr, "/v3/kv/deleterange", &json!({"key": encoded})).await?;
+    let deleted = body.get("deleted").cloned().unwrap_or(Value::Null);
+    match deleted {
+        Value::String(s) => s.parse().with_context(|| format!("deleted {s:?}")),
+        Value::Number(n) => n.as_i64().ok_or_else(|| anyhow!("deleted {n}")),
+        // The gateway omits zero values.
+        _ => Ok(0),
+    }
+}
+
+/// Standard base64 with padding (etcd's gateway takes keys as bytes).
+fn base64_encode(bytes: &[u8]) -> String {
+    const TABLE: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(TABLE[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
 fn header_revision(body: &Value) -> Result<i64> {
     // gRPC-gateway renders int64 as a JSON string.
     let revision = body
@@ -189,7 +224,7 @@ fn dechunk(mut raw: &[u8]) -> Result<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
-    use super::{header_revision, parse_response};
+    use super::{base64_encode, header_revision, parse_response};
     use serde_json::json;
 
     #[test]
@@ -215,5 +250,16 @@ mod tests {
             7
         );
         assert!(header_revision(&json!({})).is_err());
+    }
+
+    #[test]
+    fn base64_matches_the_standard_alphabet_and_padding() {
+        assert_eq!(base64_encode(b"eg"), "ZWc=");
+        assert_eq!(base64_encode(b"abc"), "YWJj");
+        assert_eq!(base64_encode(b"a"), "YQ==");
+        assert_eq!(
+            base64_encode(b"/registry/services/specs/default/x"),
+            "L3JlZ2lzdHJ5L3NlcnZpY2VzL3NwZWNzL2RlZmF1bHQveA=="
+        );
     }
 }
