@@ -19,9 +19,9 @@ use crate::metrics::Metrics;
 use crate::reconcile::objects::without_managed_fields;
 use crate::reconcile::queue::Retry;
 use crate::reconcile::resync::{self, Apis};
-use crate::reconcile::{Context, Stores, WorkQueue, handlers, sync};
+use crate::reconcile::{Context, Shared, Stores, WorkQueue, handlers, sync};
 use crate::server;
-use crate::watch::{self, Change, WatchConfig, WatchContext, WatchObserver};
+use crate::watch::{self, Cached, Change, WatchConfig, WatchContext, WatchObserver};
 
 fn apis(client: &Client, cfg: &Config) -> Apis {
     match &cfg.namespace {
@@ -141,6 +141,7 @@ pub async fn start(
         tasks.spawn(async move {
             while let Some(change) = svc_rx.recv().await {
                 handlers::on_service(&ctx, &change);
+                record_cache_size(&ctx, "services", &ctx.stores.services);
             }
         });
     }
@@ -149,6 +150,7 @@ pub async fn start(
         tasks.spawn(async move {
             while let Some(change) = pod_rx.recv().await {
                 handlers::on_pod(&ctx, &change);
+                record_cache_size(&ctx, "pods", &ctx.stores.pods);
             }
         });
     }
@@ -157,6 +159,7 @@ pub async fn start(
         tasks.spawn(async move {
             while let Some(change) = ep_rx.recv().await {
                 handlers::on_endpoints(&ctx, &change);
+                record_cache_size(&ctx, "endpoints", &ctx.stores.endpoints);
             }
         });
     }
@@ -220,6 +223,23 @@ pub async fn start(
         },
         main,
     ))
+}
+
+/// Keeps `endpoints_guard_cache_objects` and `endpoints_guard_cache_tombstones` current.
+fn record_cache_size<T: Cached>(ctx: &Context, resource: &'static str, cache: &Shared<T>) {
+    let (live, tombstones) = {
+        let c = cache.read();
+        (c.len(), c.tombstone_count())
+    };
+    let gauge = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
+    ctx.metrics
+        .cache_objects
+        .with_label_values(&[resource])
+        .set(gauge(live));
+    ctx.metrics
+        .cache_tombstones
+        .with_label_values(&[resource])
+        .set(gauge(tombstones));
 }
 
 /// Resolves once shutdown is signalled (or its sender is gone).

@@ -386,6 +386,16 @@ async fn row(cp: &ControlPlane, name: &str) -> anyhow::Result<Result<(), String>
                         labels.contains_key("service.kubernetes.io/headless"),
                     ),
                     (Some("x".into()), Some("endpoints-guard".into()), false),
+                )?;
+                let annotations = ep.metadata.annotations.clone().unwrap_or_default();
+                let trigger = annotations
+                    .get("endpoints.kubernetes.io/last-change-trigger-time")
+                    .cloned()
+                    .unwrap_or_default();
+                expect(
+                    "trigger-time annotation in RFC 3339, UTC",
+                    trigger.ends_with('Z') && trigger.contains('T'),
+                    true,
                 )
             })
             .await;
