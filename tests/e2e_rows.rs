@@ -437,6 +437,30 @@ async fn row(cp: &ControlPlane, name: &str) -> anyhow::Result<Result<(), String>
             })
             .await
         }
+        "foreign-write-repaired" => {
+            cp.create_service(web_service(ns)).await?;
+            pod(cp, web(ns, "p"), Some(PodStatusSpec::ready(["10.12.0.1"]))).await?;
+            if let Err(e) = wait_for(cp, ns, "web", |ep| {
+                expect("addresses", ips(&only_subset(ep)?.addresses), vec!["10.12.0.1".into()])
+            })
+            .await
+            {
+                return Ok(Err(format!("before the foreign write: {e}")));
+            }
+            // Someone else rewrites the addresses; the Endpoints change event
+            // brings the Service back to the queue and the write is undone.
+            Api::<Endpoints>::namespaced(cp.client(), ns)
+                .patch(
+                    "web",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"subsets": [{"addresses": [{"ip": "10.12.9.9"}], "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]}]})),
+                )
+                .await?;
+            wait_for(cp, ns, "web", |ep| {
+                expect("addresses", ips(&only_subset(ep)?.addresses), vec!["10.12.0.1".into()])
+            })
+            .await
+        }
         "external-name" => {
             cp.create_service(
                 ServiceBuilder::new(ns, "ext")
@@ -524,6 +548,7 @@ const ROWS: &[&str] = &[
     "hostname-subdomain",
     "node-and-target-ref",
     "readiness-flip",
+    "foreign-write-repaired",
     "external-name",
     "selectorless-untouched",
     "adopt",

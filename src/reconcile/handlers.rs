@@ -21,7 +21,11 @@ pub fn on_service(ctx: &Context, change: &Change<Service>) {
 /// nothing Endpoints are made of (for example a new annotation) concerns none.
 pub fn on_pod(ctx: &Context, change: &Change<PodInfo>) {
     let (old, new) = match change {
-        Change::Added(p) | Change::DeletionCandidate(p) => (None, p),
+        Change::DeletionCandidate(p) => {
+            release_if_unreferenced(ctx, p);
+            (None, p)
+        }
+        Change::Added(p) => (None, p),
         Change::Updated { old, new } => {
             if same_endpoints_inputs(old, new) {
                 return;
@@ -39,6 +43,23 @@ pub fn on_pod(ctx: &Context, change: &Change<PodInfo>) {
         if selects_new || selects_old {
             ctx.queue.add(svc.key());
         }
+    }
+}
+
+/// A deleted pod that no cached Endpoints names has no address to guard: its
+/// tombstone goes now. One that is named waits for the reconcile of its
+/// Service, which reads the pod live before dropping the address.
+fn release_if_unreferenced(ctx: &Context, pod: &PodInfo) {
+    let referenced = ctx
+        .stores
+        .endpoints
+        .read()
+        .in_namespace(&pod.namespace)
+        .flat_map(|ep| ep.subsets.iter().flatten())
+        .flat_map(|s| s.addresses.iter().flatten().chain(s.not_ready_addresses.iter().flatten()))
+        .any(|a| a.target_ref.as_ref().and_then(|r| r.uid.as_deref()) == Some(pod.uid.as_str()));
+    if !referenced {
+        ctx.stores.pods.write().confirm_deleted(&pod.key(), &pod.uid);
     }
 }
 
@@ -83,5 +104,126 @@ async fn check_deletion_was_spurious(ctx: &Context, key: ObjectKey) {
         Err(err) => {
             warn!(%key, error = %err, "could not check whether an Endpoints deletion was spurious")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+
+    use k8s_openapi::api::core::v1::Service;
+    use kube::runtime::events::{Recorder, Reporter};
+
+    use super::*;
+    use crate::config::Mode;
+    use crate::metrics::Metrics;
+    use crate::reconcile::{Stores, WorkQueue};
+    use crate::watch::WatchEventKind;
+
+    /// A context whose client points nowhere: the handlers only route keys and
+    /// never call the API.
+    fn context() -> Context {
+        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("uri"));
+        let client = kube::Client::try_from(config).expect("client");
+        Context {
+            recorder: Recorder::new(
+                client.clone(),
+                Reporter {
+                    controller: "test".into(),
+                    instance: None,
+                },
+            ),
+            client,
+            metrics: Arc::new(Metrics::new().expect("metrics")),
+            mode: Mode::Enforce,
+            stores: Stores::new(),
+            queue: WorkQueue::new(),
+            trigger_times: Default::default(),
+            leader: tokio::sync::watch::channel(true).1,
+        }
+    }
+
+    fn service(ns: &str, name: &str, app: &str) -> Service {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"namespace": ns, "name": name, "uid": name, "resourceVersion": "1"},
+            "spec": {"selector": {"app": app}},
+        }))
+        .expect("service")
+    }
+
+    fn pod(ns: &str, app: &str, rv: &str) -> PodInfo {
+        PodInfo {
+            namespace: ns.into(),
+            name: "p".into(),
+            uid: "p-uid".into(),
+            resource_version: rv.into(),
+            labels: BTreeMap::from([("app".to_string(), app.to_string())]),
+            ..PodInfo::default()
+        }
+    }
+
+    fn queued(ctx: &Context) -> Vec<String> {
+        let mut keys = Vec::new();
+        while ctx.queue.len() > 0 {
+            let Some(key) = futures::executor::block_on(ctx.queue.next()) else {
+                break;
+            };
+            keys.push(key.to_string());
+            ctx.queue.done(&key);
+        }
+        keys.sort();
+        keys
+    }
+
+    #[tokio::test]
+    async fn relabelled_pod_queues_old_and_new_services_of_its_namespace_only() {
+        let ctx = context();
+        {
+            let mut services = ctx.stores.services.write();
+            for svc in [
+                service("ns", "a", "a"),
+                service("ns", "b", "b"),
+                service("ns", "c", "c"),
+                service("other", "a", "a"),
+            ] {
+                services.apply_event(WatchEventKind::Added, svc);
+            }
+        }
+        let change = Change::Updated {
+            old: Arc::new(pod("ns", "a", "1")),
+            new: Arc::new(pod("ns", "b", "2")),
+        };
+        on_pod(&ctx, &change);
+        assert_eq!(queued(&ctx), vec!["ns/a", "ns/b"]);
+    }
+
+    #[tokio::test]
+    async fn pod_change_that_endpoints_do_not_depend_on_queues_nothing() {
+        let ctx = context();
+        ctx.stores
+            .services
+            .write()
+            .apply_event(WatchEventKind::Added, service("ns", "a", "a"));
+        // Only the resourceVersion moved (say, an annotation was added).
+        let change = Change::Updated {
+            old: Arc::new(pod("ns", "a", "1")),
+            new: Arc::new(pod("ns", "a", "2")),
+        };
+        on_pod(&ctx, &change);
+        assert!(queued(&ctx).is_empty());
+    }
+
+    #[tokio::test]
+    async fn deleted_pod_named_by_no_endpoints_is_released_at_once() {
+        let ctx = context();
+        let p = pod("ns", "a", "1");
+        let mut pods = ctx.stores.pods.write();
+        pods.apply_event(WatchEventKind::Added, p.clone());
+        pods.apply_event(WatchEventKind::Deleted, pod("ns", "a", "2"));
+        assert_eq!(pods.tombstone_count(), 1);
+        drop(pods);
+        on_pod(&ctx, &Change::DeletionCandidate(Arc::new(p)));
+        assert_eq!(ctx.stores.pods.read().tombstone_count(), 0);
     }
 }

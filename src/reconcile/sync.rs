@@ -13,7 +13,7 @@ use super::guard::{self, ServiceLookup};
 use crate::config::Mode;
 use crate::desired::{self, PodInfo};
 use crate::error::{Error, Result, api_code};
-use crate::watch::ObjectKey;
+use crate::watch::{Cached, ObjectKey};
 
 /// Labels values of `endpoints.kubernetes.io/managed-by` whose Endpoints we may
 /// delete: ours, and upstream's (we adopt what it made when we replace it).
@@ -42,6 +42,12 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<()> {
             // Nothing exists for this key: nothing to write, nothing at stake.
             None => {
                 ctx.trigger_times.forget(key);
+                // No Endpoints, nothing at stake: the tombstone can go without a
+                // live read (any later deletion of Endpoints reads live anyway).
+                let uid = ctx.stores.services.read().tombstone(key).map(|t| t.last_known.uid().to_string());
+                if let Some(uid) = uid {
+                    ctx.stores.services.write().confirm_deleted(key, &uid);
+                }
                 return Ok(());
             }
             Some(ep) if !is_deletable(ep) => {
