@@ -4,7 +4,7 @@
 //! object repairs the cache, and the prevention is counted, logged and reported
 //! as a Kubernetes Event.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Endpoints, ObjectReference, Pod, Service};
@@ -106,12 +106,13 @@ pub async fn hold_unconfirmed_pod_deletions(
         })
         .filter_map(|a| a.target_ref.as_ref())
         .filter(|r| r.kind.as_deref() == Some("Pod"));
+    let selected: HashSet<&str> = pods.iter().map(|p| p.name.as_str()).collect();
     let mut suspects: Vec<(ObjectKey, String)> = Vec::new();
     for target in referenced {
         let (Some(name), Some(uid)) = (&target.name, &target.uid) else {
             continue;
         };
-        if pods.iter().any(|p| &p.name == name) {
+        if selected.contains(name.as_str()) {
             continue;
         }
         let key = ObjectKey {
