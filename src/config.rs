@@ -66,6 +66,35 @@ pub struct Config {
     /// Page size of every consistent LIST.
     #[arg(long, env = "EG_LIST_PAGE_SIZE", default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=10000))]
     pub list_page_size: u32,
+
+    /// Elect a leader on a coordination.k8s.io Lease: only the leader writes, the
+    /// others keep their caches warm. Turn on when running more than one replica.
+    #[arg(long, env = "EG_LEADER_ELECT")]
+    pub leader_elect: bool,
+
+    /// Namespace of the Lease (default: $POD_NAMESPACE, else the service
+    /// account's namespace, else "default").
+    #[arg(long, env = "EG_LEADER_ELECTION_NAMESPACE")]
+    pub leader_election_namespace: Option<String>,
+
+    /// Name of the Lease.
+    #[arg(
+        long,
+        env = "EG_LEADER_ELECTION_LEASE_NAME",
+        default_value = "endpoints-guard"
+    )]
+    pub leader_election_lease_name: String,
+
+    /// How long a Lease stays valid after its last renewal: a replica that dies
+    /// is replaced after at most this long (whole seconds).
+    #[arg(long, env = "EG_LEADER_ELECTION_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
+    pub leader_election_lease_duration: Duration,
+
+    /// The leader renews this long before the Lease expires; it is also the
+    /// clock skew between replicas that is tolerated (whole seconds, shorter than
+    /// the lease duration).
+    #[arg(long, env = "EG_LEADER_ELECTION_RENEW_GRACE", default_value = "5s", value_parser = parse_duration)]
+    pub leader_election_renew_grace: Duration,
 }
 
 /// Parses `300`, `300s`, `5m`, `1h` or `250ms`.
@@ -111,6 +140,16 @@ mod tests {
         assert_eq!(cfg.workers, 5);
         assert_eq!(cfg.mode, Mode::Enforce);
         assert_eq!(cfg.resync_interval, Duration::from_secs(300));
+    }
+
+    #[test]
+    fn leader_election_flags() {
+        let cfg = Config::try_parse_from(["endpoints-guard"]).expect("defaults parse");
+        assert!(!cfg.leader_elect);
+        assert_eq!(cfg.leader_election_lease_name, "endpoints-guard");
+        assert_eq!(cfg.leader_election_lease_duration, Duration::from_secs(15));
+        let cfg = Config::try_parse_from(["endpoints-guard", "--leader-elect"]).expect("parse");
+        assert!(cfg.leader_elect);
     }
 
     #[test]

@@ -61,6 +61,8 @@ pub async fn start(
         controller: "endpoints-guard".into(),
         instance: std::env::var("POD_NAME").ok(),
     };
+    let leadership =
+        crate::leader::Leadership::start(&cfg, &client, metrics.clone(), shutdown.clone())?;
     let ctx = Arc::new(Context {
         client: client.clone(),
         metrics: metrics.clone(),
@@ -69,6 +71,7 @@ pub async fn start(
         stores: stores.clone(),
         queue: queue.clone(),
         trigger_times: Default::default(),
+        leader: leadership.receiver(),
     });
 
     let (ready_tx, ready_rx) = signal::channel(false);
@@ -182,10 +185,14 @@ pub async fn start(
             _ = stopped(shutdown_main.clone()) => {
                 queue.shutdown();
                 tasks.shutdown().await;
+                leadership.stopped().await;
                 return;
             }
         }
         resync::sweep(&ctx, false);
+        if leadership.elected() {
+            tasks.spawn(crate::leader::requeue_on_election(ctx.clone()));
+        }
         let _ = ready_tx.send(true);
         info!("caches synced; reconciling");
 
@@ -215,6 +222,7 @@ pub async fn start(
         info!("shutting down");
         ctx.queue.shutdown();
         tasks.shutdown().await;
+        leadership.stopped().await;
     };
     Ok((
         Running {
@@ -257,6 +265,8 @@ async fn log_exit(watcher: impl Future<Output = std::result::Result<(), watch::W
 
 async fn work(ctx: Arc<Context>) {
     while let Some(key) = ctx.queue.next().await {
+        // Replicas that do not hold the Lease keep keys queued and read nothing.
+        ctx.wait_until_leading().await;
         ctx.metrics
             .queue_depth
             .with_label_values(&["services"])

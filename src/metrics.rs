@@ -3,8 +3,8 @@
 //! reasons, verbs), never object names, so cardinality stays bounded.
 
 use prometheus::{
-    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts, Registry, TextEncoder,
 };
 
 use crate::error::{Error, Result};
@@ -35,6 +35,7 @@ pub struct Metrics {
     pub queue_depth: IntGaugeVec,
     pub queue_retries: IntCounter,
     pub queue_dropped: IntCounter,
+    pub leader: IntGauge,
 }
 
 fn opts(name: &str, help: &str) -> Opts {
@@ -194,6 +195,10 @@ impl Metrics {
                 "queue_dropped_total",
                 "Keys dropped after too many failed retries (picked up again by the next event or resync).",
             ))?,
+            leader: IntGauge::with_opts(opts(
+                "leader",
+                "1 while this instance holds the leader Lease and may write (always 1 without --leader-elect), else 0.",
+            ))?,
         })
     }
 
@@ -222,6 +227,7 @@ impl Metrics {
         r.register(Box::new(self.queue_depth.clone()))?;
         r.register(Box::new(self.queue_retries.clone()))?;
         r.register(Box::new(self.queue_dropped.clone()))?;
+        r.register(Box::new(self.leader.clone()))?;
         Ok(())
     }
 

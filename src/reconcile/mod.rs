@@ -83,10 +83,22 @@ pub struct Context {
     pub stores: Stores,
     pub queue: Arc<WorkQueue<ObjectKey>>,
     pub trigger_times: trigger::TriggerTimes,
+    /// True while this instance may write: always without `--leader-elect`, else
+    /// while it holds the leader Lease (see [`crate::leader`]).
+    pub leader: tokio::sync::watch::Receiver<bool>,
 }
 
 impl Context {
     pub fn writes_allowed(&self) -> bool {
-        self.mode == Mode::Enforce
+        self.mode == Mode::Enforce && *self.leader.borrow()
+    }
+
+    /// Resolves at once on the leader (or without leader election); on other
+    /// replicas, once this one becomes leader. Pends forever if the elector is gone.
+    pub async fn wait_until_leading(&self) {
+        let mut leader = self.leader.clone();
+        if leader.wait_for(|l| *l).await.is_err() {
+            std::future::pending::<()>().await;
+        }
     }
 }

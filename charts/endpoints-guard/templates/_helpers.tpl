@@ -1,0 +1,63 @@
+{{/* Chart name, truncated to 63 characters. */}}
+{{- define "endpoints-guard.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Fully qualified app name; the release name alone when it already contains the chart name. */}}
+{{- define "endpoints-guard.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "endpoints-guard.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "endpoints-guard.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "endpoints-guard.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "endpoints-guard.labels" -}}
+helm.sh/chart: {{ include "endpoints-guard.chart" . }}
+{{ include "endpoints-guard.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "endpoints-guard.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "endpoints-guard.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "endpoints-guard.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/* Namespace of the leader Lease. */}}
+{{- define "endpoints-guard.leaseNamespace" -}}
+{{- default .Release.Namespace .Values.leaderElection.namespace }}
+{{- end }}
+
+{{/* The metrics Service's name; Prometheus gives its scrapes job=<this>. */}}
+{{- define "endpoints-guard.metricsService" -}}
+{{- printf "%s-metrics" (include "endpoints-guard.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Refuse settings that would make two replicas write at once. */}}
+{{- define "endpoints-guard.validate" -}}
+{{- if and (gt (int .Values.replicaCount) 1) (not .Values.leaderElection.enabled) }}
+{{- fail "replicaCount > 1 needs leaderElection.enabled=true: without it every replica writes Endpoints" }}
+{{- end }}
+{{- end }}
