@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use eg_testsupport::binaries::workspace_root;
+use eg_testsupport::chaos::{ChaosProxy, Expected, Observer};
 use eg_testsupport::process::{Process, free_port};
 use eg_testsupport::{
     ControlPlane, ControlPlaneOptions, PodBuilder, PodStatusSpec, ServiceBuilder,
@@ -16,17 +17,7 @@ use kube::Api;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn controller_binary() -> Result<PathBuf> {
-    if let Some(path) = std::env::var_os("EG_BINARY") {
-        return Ok(PathBuf::from(path));
-    }
-    let path = workspace_root()?.join("target/release/endpoints-guard");
-    if !path.exists() {
-        bail!(
-            "{} is missing: run `cargo build --release` (make demo does)",
-            path.display()
-        );
-    }
-    Ok(path)
+    release_binary("EG_BINARY", "endpoints-guard")
 }
 
 /// A plain HTTP/1.0 GET on loopback: status code and body.
@@ -44,6 +35,221 @@ async fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
     Ok((code, body.to_string()))
+}
+
+fn release_binary(env: &str, name: &str) -> Result<PathBuf> {
+    if let Some(path) = std::env::var_os(env) {
+        return Ok(PathBuf::from(path));
+    }
+    let path = workspace_root()?.join("target/release").join(name);
+    if !path.exists() {
+        bail!(
+            "{} is missing: run `cargo build --release --bins` (make demo does)",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// Drops terminal colour codes from a log line.
+fn plain(line: &str) -> String {
+    let mut out = String::new();
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// What one controller did in the failure-A replay.
+struct Outcome {
+    spurious: Vec<String>,
+    long_endpoints: String,
+}
+
+/// Failure A through watch-chaos, once with endpoints-guard and once with
+/// kube-controller-manager's endpoints controller behind the same proxy: the
+/// proxy sends the controller's Service watch a DELETE of the live, long-lived
+/// Service `long` carrying that Service's old resourceVersion (as API servers
+/// before kubernetes#58547 did) and ends the stream; a client that resumes
+/// from that RV gets the API server's replay of every Service event since.
+async fn replay_failure_a(cp: &ControlPlane) -> Result<()> {
+    step(
+        "failure A replayed through watch-chaos (a proxy between the controller and kube-apiserver)",
+    );
+    let chaos = release_binary("EG_CHAOS_BINARY", "watch-chaos")?;
+    let proxy = ChaosProxy::start(cp, &chaos, "watch-chaos").await?;
+    println!(
+        "    {} on 127.0.0.1:{} (control API 127.0.0.1:{})",
+        chaos.display(),
+        proxy.proxy_port,
+        proxy.control_port
+    );
+    let mut outcomes = Vec::new();
+    for (ns, upstream) in [("replay-guard", false), ("replay-upstream", true)] {
+        let who = if upstream {
+            "kube-controller-manager"
+        } else {
+            "endpoints-guard"
+        };
+        step(&format!("{who} behind watch-chaos, namespace {ns}"));
+        cp.create_namespace(ns).await?;
+        let observer = Observer::start(&cp.client(), ns);
+        let port = free_port()?;
+        let log = cp.log_dir().join(format!("{who}-replay.log"));
+        let kubeconfig = format!("--kubeconfig={}", proxy.kubeconfig.display());
+        let mut controller = if upstream {
+            cp.start_controller_manager(
+                "endpoints-controller",
+                &[&kubeconfig, "--kube-api-content-type=application/json"],
+            )?
+        } else {
+            let args: Vec<String> = vec![
+                kubeconfig.clone(),
+                format!("--namespace={ns}"),
+                format!("--metrics-addr=127.0.0.1:{port}"),
+            ];
+            Process::spawn("endpoints-guard", &controller_binary()?, &args, &log)?
+        };
+        println!(
+            "    Service long (the oldest), then Service b created, deleted and created again"
+        );
+        for (name, ip) in [("long", "10.0.1.10"), ("b", "10.0.1.20")] {
+            cp.create_service(
+                ServiceBuilder::new(ns, name)
+                    .selector("app", name)
+                    .port("http", 80, 8080, "TCP"),
+            )
+            .await?;
+            let pod = format!("{name}-0");
+            cp.create_pod(
+                PodBuilder::new(ns, &pod)
+                    .label("app", name)
+                    .container_port("http", 8080, "TCP")
+                    .node_name("node-a"),
+            )
+            .await?;
+            cp.set_pod_status(ns, &pod, PodStatusSpec::ready([ip]))
+                .await?;
+            if name == "b" {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                Api::<k8s_openapi::api::core::v1::Service>::namespaced(cp.client(), ns)
+                    .delete("b", &Default::default())
+                    .await?;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                cp.create_service(
+                    ServiceBuilder::new(ns, "b")
+                        .selector("app", "b")
+                        .port("http", 80, 8080, "TCP"),
+                )
+                .await?;
+            }
+        }
+        let expected = Expected::default()
+            .service("long", &["10.0.1.10"])
+            .service("b", &["10.0.1.20"]);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while expected.check(&cp.client(), ns).await?.is_some() {
+            if Instant::now() > deadline {
+                bail!(
+                    "{who} did not write the Endpoints; its log:\n{}",
+                    controller.log_tail(30)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let answer = proxy
+            .post(
+                "/actions/replay-old-delete",
+                serde_json::json!({"resource": "services", "namespace": ns, "name": "long", "pace_ms": 400}),
+            )
+            .await?;
+        println!("    POST /actions/replay-old-delete {ns}/long → {answer}");
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        let long = Api::<Endpoints>::namespaced(cp.client(), ns)
+            .get_opt("long")
+            .await?;
+        let long_endpoints = match long {
+            Some(ep) => {
+                let n = ep
+                    .subsets
+                    .iter()
+                    .flatten()
+                    .flat_map(|s| s.addresses.iter().flatten())
+                    .count();
+                format!("present ({n} address)")
+            }
+            None => "MISSING".to_string(),
+        };
+        if !upstream {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            println!("    endpoints-guard log:");
+            for line in text.lines().filter(|l| l.contains("prevented")) {
+                println!("      {}", plain(line));
+            }
+            println!("    Event on Service {ns}/long:");
+            let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(cp.client(), ns);
+            for e in events.list(&Default::default()).await?.items {
+                if e.reason.as_deref() == Some("SpuriousDeletionPrevented") {
+                    let about = e
+                        .regarding
+                        .as_ref()
+                        .and_then(|r| r.name.clone())
+                        .unwrap_or_default();
+                    println!(
+                        "      {} {} Service/{about}: {}",
+                        e.type_.unwrap_or_default(),
+                        e.reason.unwrap_or_default(),
+                        e.note.unwrap_or_default()
+                    );
+                }
+            }
+            let (_, metrics) = http_get(port, "/metrics").await?;
+            println!("    metric:");
+            for line in metrics
+                .lines()
+                .filter(|l| !l.starts_with('#') && l.contains("prevented"))
+            {
+                println!("      {line}");
+            }
+        }
+        let spurious = observer.spurious_deletions();
+        println!(
+            "    Endpoints deleted while their Service existed (seen by a direct watch): {spurious:?}"
+        );
+        println!("    Endpoints {ns}/long 6 s after the replay: {long_endpoints}");
+        controller.stop().await?;
+        outcomes.push(Outcome {
+            spurious,
+            long_endpoints,
+        });
+    }
+    step("side by side: the same failure-A replay");
+    let header = ("", "endpoints-guard", "kube-controller-manager");
+    println!("    {:<52} {:<22} {}", header.0, header.1, header.2);
+    let [guard, upstream] = [&outcomes[0], &outcomes[1]];
+    println!(
+        "    {:<52} {:<22} {}",
+        "Endpoints deleted while their Service existed",
+        guard.spurious.len(),
+        upstream.spurious.len()
+    );
+    println!(
+        "    {:<52} {:<22} {}",
+        "Endpoints of the live Service long afterwards",
+        guard.long_endpoints,
+        upstream.long_endpoints
+    );
+    Ok(())
 }
 
 fn step(text: &str) {
@@ -171,8 +377,12 @@ async fn main() -> Result<()> {
         println!("    {line}");
     }
 
-    step("stopping endpoints-guard (SIGTERM) and the control plane");
+    step("stopping endpoints-guard (SIGTERM)");
     guard.stop().await?;
+
+    replay_failure_a(&cp).await?;
+
+    step("stopping the control plane");
     drop(cp);
     println!("\ndemo finished in {:.0}s", started.elapsed().as_secs_f64());
     Ok(())

@@ -1,0 +1,227 @@
+//! The scenarios of the chaos matrix: each sets up, starts the controller
+//! behind watch-chaos, applies its fault and returns when the fault began and
+//! the state the controller must reach.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use eg_testsupport::chaos::Expected;
+use serde_json::json;
+
+use super::{Env, NS};
+
+/// Sets up, applies the fault; returns when the fault began and the state the
+/// controller must reach.
+pub async fn scenario(name: &str, env: &mut Env) -> Result<(Instant, Expected)> {
+    env.start_controller().await?;
+    match name {
+        // Failure A end to end: DELETE events carry the object's old RV (as
+        // before kubernetes#58547); deleting the oldest Service sends the
+        // client back to its creation RV, and the API server replays history.
+        "failure-a-delete-oldest-service" => {
+            env.service_with_pod("old", "10.1.0.1").await?;
+            let expected = env.churn().await?;
+            env.settle(&expected.clone().service("old", &["10.1.0.1"]))
+                .await?;
+            env.proxy
+                .fault("services", "old-delete-rv", json!({"pace_ms": 400}))
+                .await?;
+            let fault = Instant::now();
+            env.delete_service("old").await?;
+            Ok((fault, expected.absent("old")))
+        }
+        // Failure A on command: an old DELETE of a live, long-lived Service.
+        "failure-a-old-delete-of-live-service" => {
+            env.service_with_pod("long", "10.1.0.1").await?;
+            let expected = env.churn().await?.service("long", &["10.1.0.1"]);
+            env.settle(&expected).await?;
+            let fault = Instant::now();
+            env.proxy
+                .post("/actions/replay-old-delete", json!({"resource": "services", "namespace": NS, "name": "long", "pace_ms": 400}))
+                .await?;
+            Ok((fault, expected))
+        }
+        // Failure B: watches cut while a Service is deleted and etcd is
+        // compacted (watch cache off, so resumes reach etcd and get a real
+        // 410), then DELETEs replaced by ERROR 500 PrevKv=nil.
+        "failure-b-compaction-and-prevkv-nil" => {
+            env.service_with_pod("a", "10.1.0.1").await?;
+            env.service_with_pod("x", "10.1.9.1").await?;
+            env.service_with_pod("y", "10.1.8.1").await?;
+            let all = Expected::default()
+                .service("a", &["10.1.0.1"])
+                .service("x", &["10.1.9.1"])
+                .service("y", &["10.1.8.1"]);
+            env.settle(&all).await?;
+            let fault = Instant::now();
+            env.proxy.fault("*", "refuse", json!({})).await?;
+            env.proxy.post("/actions/cut-streams", json!({})).await?;
+            env.delete_service("x").await?;
+            env.pod("a-1", "a", "10.1.0.2", true).await?;
+            env.cp.compact_etcd().await?;
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            env.proxy.clear_faults().await?;
+            env.proxy.fault("services", "prevkv-nil", json!({})).await?;
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            env.delete_service("y").await?;
+            Ok((
+                fault,
+                Expected::default()
+                    .service("a", &["10.1.0.1", "10.1.0.2"])
+                    .absent("x")
+                    .absent("y"),
+            ))
+        }
+        "lost-service-delete" => {
+            env.service_with_pod("a", "10.1.0.1").await?;
+            env.service_with_pod("x", "10.1.9.1").await?;
+            let expected = Expected::default().service("a", &["10.1.0.1"]);
+            env.settle(&expected.clone().service("x", &["10.1.9.1"]))
+                .await?;
+            env.proxy
+                .fault("services", "drop-deletes", json!({}))
+                .await?;
+            let fault = Instant::now();
+            env.delete_service("x").await?;
+            Ok((fault, expected.absent("x")))
+        }
+        "lost-pod-delete" => {
+            env.service_with_pod("a", "10.1.0.1").await?;
+            env.pod("a-1", "a", "10.1.0.2", true).await?;
+            env.settle(&Expected::default().service("a", &["10.1.0.1", "10.1.0.2"]))
+                .await?;
+            env.proxy.fault("pods", "drop-deletes", json!({})).await?;
+            let fault = Instant::now();
+            env.cp.force_delete_pod(NS, "a-1").await?;
+            Ok((fault, Expected::default().service("a", &["10.1.0.1"])))
+        }
+        // A stale watch cache: after a controller restart, its RV=0 LIST is
+        // answered from a snapshot that predates Service n, and the watch
+        // from that snapshot lags 6 s behind.
+        "stale-rv0-list-on-restart" => {
+            env.service_with_pod("a", "10.1.0.1").await?;
+            env.settle(&Expected::default().service("a", &["10.1.0.1"]))
+                .await?;
+            env.proxy
+                .fault("services", "stale-list", json!({"lag_ms": 6000}))
+                .await?;
+            env.service_with_pod("n", "10.1.3.1").await?;
+            let expected = Expected::default()
+                .service("a", &["10.1.0.1"])
+                .service("n", &["10.1.3.1"]);
+            env.settle(&expected).await?;
+            let fault = Instant::now();
+            env.stop_controller().await;
+            env.start_controller().await?;
+            Ok((fault, expected))
+        }
+        // Service events held back and sent after the next one: a selector
+        // change and its revert arrive in the wrong order.
+        "reordered-service-updates" => {
+            env.service_with_pod("a", "10.1.0.1").await?;
+            let expected = Expected::default().service("a", &["10.1.0.1"]);
+            env.settle(&expected).await?;
+            env.proxy
+                .fault("services", "reorder", json!({"hold_ms": 2000}))
+                .await?;
+            let fault = Instant::now();
+            env.set_selector("a", "nothing").await?;
+            env.set_selector("a", "a").await?;
+            Ok((fault, expected))
+        }
+        // Watch streams cut mid-event, again and again, while things change.
+        "cut-streams-mid-event" => {
+            env.service_with_pod("a", "10.1.0.1").await?;
+            env.service_with_pod("x", "10.1.9.1").await?;
+            env.settle(
+                &Expected::default()
+                    .service("a", &["10.1.0.1"])
+                    .service("x", &["10.1.9.1"]),
+            )
+            .await?;
+            env.proxy
+                .fault("*", "cut-mid-event", json!({"after": 1}))
+                .await?;
+            let fault = Instant::now();
+            env.pod("a-1", "a", "10.1.0.2", true).await?;
+            env.proxy.post("/actions/cut-streams", json!({})).await?;
+            env.delete_service("x").await?;
+            env.cp.force_delete_pod(NS, "a-0").await?;
+            env.proxy.post("/actions/cut-streams", json!({})).await?;
+            env.pod("a-2", "a", "10.1.0.3", true).await?;
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            env.proxy.clear_faults().await?;
+            Ok((
+                fault,
+                Expected::default()
+                    .service("a", &["10.1.0.2", "10.1.0.3"])
+                    .absent("x"),
+            ))
+        }
+        "apiserver-restart" => {
+            env.service_with_pod("a", "10.1.0.1").await?;
+            env.service_with_pod("x", "10.1.9.1").await?;
+            env.settle(
+                &Expected::default()
+                    .service("a", &["10.1.0.1"])
+                    .service("x", &["10.1.9.1"]),
+            )
+            .await?;
+            let fault = Instant::now();
+            env.delete_service("x").await?;
+            env.pod("a-1", "a", "10.1.0.2", true).await?;
+            env.cp.restart_apiserver().await?;
+            env.pod("a-2", "a", "10.1.0.3", true).await?;
+            Ok((
+                fault,
+                Expected::default()
+                    .service("a", &["10.1.0.1", "10.1.0.2", "10.1.0.3"])
+                    .absent("x"),
+            ))
+        }
+        other => anyhow::bail!("no scenario {other}"),
+    }
+}
+
+/// How a scenario hurts upstream when it does, and why it may not.
+pub fn note(name: &str) -> (&'static str, &'static str) {
+    match name {
+        "failure-a-delete-oldest-service" => (
+            "the replayed DELETE of an earlier incarnation of b deletes the Endpoints of the live b; re-created on the replayed ADDED",
+            "the API server no longer held the history to replay",
+        ),
+        "failure-a-old-delete-of-live-service" => (
+            "Endpoints of the live Service deleted; the replay never re-adds it, so they stay gone",
+            "the old DELETE did not reach the controller",
+        ),
+        "failure-b-compaction-and-prevkv-nil" => (
+            "a delete was lost across the compaction",
+            "client-go relists on 410 and on the 500 with a consistent LIST, and learns both deletes",
+        ),
+        "lost-service-delete" => (
+            "Endpoints of the deleted Service stay: upstream never re-reads the API",
+            "the delete reached the controller another way",
+        ),
+        "lost-pod-delete" => (
+            "the deleted pod's IP stays in the Endpoints: upstream never re-reads the API",
+            "the delete reached the controller another way",
+        ),
+        "stale-rv0-list-on-restart" => (
+            "the RV=0 relist (WatchListClient=false) lacks Service n; upstream deletes its Endpoints, re-creates them when the lagging watch catches up",
+            "kube-controller-manager made no RV=0 LIST (see stats)",
+        ),
+        "reordered-service-updates" => (
+            "the older selector (matching no pod) arrives last; upstream empties the Endpoints of a Service with a ready pod",
+            "the two updates were not swapped",
+        ),
+        "cut-streams-mid-event" => (
+            "an event was lost at a cut",
+            "both resume from the last RV and lose nothing",
+        ),
+        "apiserver-restart" => (
+            "an event was lost across the restart",
+            "both resume (or relist) after the restart; the time is mostly the restart itself",
+        ),
+        _ => ("", ""),
+    }
+}
