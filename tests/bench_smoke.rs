@@ -1,0 +1,69 @@
+//! `make bench` in brief, inside `make test`: size S (100 Services × 1,000
+//! pods), both controllers, 10 s of churn at 10 pods/s, 5 s steady, one
+//! resync. It checks that the bench works and the figures that do not depend
+//! on machine speed (this is the debug build): every flip reaches the
+//! Endpoints, endpoints-guard writes once per change and makes no live reads
+//! in steady state. Reports go to target/bench-smoke/.
+//!
+//! Needs the control-plane programs: `make controlplane`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use eg_testsupport::bench::{self, BenchOptions, BenchSize, Controller};
+use eg_testsupport::binaries::workspace_root;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_size_s_briefly() -> anyhow::Result<()> {
+    let out = workspace_root()?.join("target/bench-smoke");
+    let mut opts = BenchOptions::new(
+        BenchSize::named("S")?,
+        PathBuf::from(env!("CARGO_BIN_EXE_endpoints-guard")),
+        out.clone(),
+    );
+    opts.churn = Duration::from_secs(10);
+    opts.steady = Duration::from_secs(5);
+    opts.resync_interval = Duration::from_secs(3);
+    opts.cold_sync_timeout = Duration::from_secs(120);
+    let runs = bench::run(opts).await?;
+    assert_eq!(runs.len(), 2);
+    for run in &runs {
+        let name = run.controller.name();
+        assert!(run.cold_sync_s > 0.0, "{name}: {run:?}");
+        assert_eq!(run.churn_flips, 100, "{name}");
+        assert_eq!(run.churn_failed_writes, 0, "{name}");
+        assert_eq!(run.churn_missed, 0, "{name}: flips never seen");
+        assert!(run.churn_p99_ms >= run.churn_p50_ms && run.churn_p50_ms > 0.0);
+        assert!(run.peak_rss_mb > 0.0 && run.cpu_s > 0.0, "{name}: {run:?}");
+        assert!(
+            run.requests.get("list").copied().unwrap_or(0)
+                + run.requests.get("watch").copied().unwrap_or(0)
+                >= 3,
+            "{name}: its lists (or streaming watch-lists) should be in the audit log: {:?}",
+            run.requests
+        );
+    }
+    let ours = runs
+        .iter()
+        .find(|r| r.controller == Controller::Guard)
+        .expect("an endpoints-guard run");
+    assert_eq!(
+        ours.churn_writes, ours.churn_flips,
+        "endpoints-guard: one Endpoints write per distinct change"
+    );
+    let steady = &ours.phases["steady"];
+    assert_eq!(steady.writes, 0, "endpoints-guard wrote in steady state");
+    assert_eq!(
+        steady.requests.get("get").copied().unwrap_or(0),
+        0,
+        "endpoints-guard made live reads in steady state: {:?}",
+        steady.requests_by_resource
+    );
+    let resync = ours.resync.as_ref().expect("a resync measurement");
+    assert!(resync.duration_s > 0.0);
+    assert!(resync.requests.get("list").copied().unwrap_or(0) >= 3);
+    for file in ["report.json", "report.md", "latency-cdf-S.svg"] {
+        assert!(out.join(file).is_file(), "{file} missing");
+    }
+    Ok(())
+}

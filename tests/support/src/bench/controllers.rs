@@ -1,0 +1,198 @@
+//! The two controllers under test, each with its own ServiceAccount (bound to
+//! cluster-admin) so the audit log tells their requests apart.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+use kube::Api;
+use kube::api::PostParams;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::procstat;
+use crate::ControlPlane;
+use crate::process::{Process, free_port};
+
+/// Which controller a run measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Controller {
+    #[serde(rename = "endpoints-guard")]
+    Guard,
+    #[serde(rename = "kube-controller-manager")]
+    Upstream,
+}
+
+impl Controller {
+    pub fn name(self) -> &'static str {
+        match self {
+            Controller::Guard => "endpoints-guard",
+            Controller::Upstream => "kube-controller-manager",
+        }
+    }
+
+    fn account(self) -> &'static str {
+        match self {
+            Controller::Guard => "eg-bench-guard",
+            Controller::Upstream => "eg-bench-kcm",
+        }
+    }
+
+    /// The user name its requests carry in the audit log.
+    pub fn user(self) -> String {
+        format!("system:serviceaccount:kube-system:{}", self.account())
+    }
+}
+
+/// Creates the controller's ServiceAccount, binds it to cluster-admin and
+/// writes a kubeconfig with a token for it.
+pub async fn credentials(cp: &ControlPlane, controller: Controller) -> Result<PathBuf> {
+    let name = controller.account();
+    let pp = PostParams::default();
+    let accounts: Api<ServiceAccount> = Api::namespaced(cp.client(), "kube-system");
+    let account: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+    accounts
+        .create(&pp, &account)
+        .await
+        .with_context(|| format!("creating ServiceAccount {name}"))?;
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": "kube-system"}],
+    }))?;
+    Api::<ClusterRoleBinding>::all(cp.client())
+        .create(&pp, &binding)
+        .await
+        .with_context(|| format!("binding {name} to cluster-admin"))?;
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            expiration_seconds: Some(48 * 3600),
+            ..TokenRequestSpec::default()
+        }),
+        ..TokenRequest::default()
+    };
+    let token = accounts
+        .create_token_request(name, &pp, &request)
+        .await
+        .with_context(|| format!("requesting a token for {name}"))?
+        .status
+        .and_then(|s| s.token)
+        .context("the token request returned no token")?;
+    cp.kubeconfig_for_token(name, &token)
+}
+
+/// A running controller process.
+pub struct Running {
+    pub process: Process,
+    /// endpoints-guard's metrics port (none for kube-controller-manager).
+    pub metrics_port: Option<u16>,
+}
+
+impl Running {
+    pub fn pid(&self) -> Result<u32> {
+        self.process.pid().context("the controller is not running")
+    }
+
+    pub fn cpu_seconds(&self) -> Result<f64> {
+        procstat::cpu_seconds(self.pid()?)
+    }
+
+    pub fn peak_rss_mb(&self) -> Result<f64> {
+        procstat::peak_rss_mb(self.pid()?)
+    }
+
+    /// Scrapes endpoints-guard's /metrics.
+    pub async fn metrics(&self) -> Result<String> {
+        let port = self.metrics_port.context("no metrics server")?;
+        procstat::http_get(port, "/metrics").await
+    }
+
+    /// Waits until endpoints-guard answers /readyz (caches synced).
+    pub async fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
+        let Some(port) = self.metrics_port else {
+            return Ok(());
+        };
+        let start = Instant::now();
+        loop {
+            self.process.ensure_running()?;
+            if procstat::http_get(port, "/readyz").await.is_ok() {
+                return Ok(());
+            }
+            if start.elapsed() > timeout {
+                bail!("endpoints-guard not ready after {timeout:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// Starts endpoints-guard with the given resync interval (e.g. `5m`).
+pub fn start_guard(
+    cp: &ControlPlane,
+    binary: &Path,
+    kubeconfig: &Path,
+    resync_interval: &str,
+    log_name: &str,
+) -> Result<Running> {
+    let port = free_port()?;
+    let args: Vec<String> = [
+        "--kubeconfig",
+        &kubeconfig.display().to_string(),
+        "--metrics-addr",
+        &format!("127.0.0.1:{port}"),
+        "--workers",
+        "5",
+        "--resync-interval",
+        resync_interval,
+        "--list-page-size",
+        "500",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let process = Process::spawn(
+        "endpoints-guard",
+        binary,
+        &args,
+        &cp.log_dir().join(format!("{log_name}.log")),
+    )?;
+    Ok(Running {
+        process,
+        metrics_port: Some(port),
+    })
+}
+
+/// Starts kube-controller-manager with only its endpoints controller, with
+/// upstream's defaults (5 workers, client QPS 20 / burst 30) unless
+/// `extra_args` says otherwise.
+pub fn start_upstream(
+    cp: &ControlPlane,
+    kubeconfig: &Path,
+    extra_args: &[String],
+    log_name: &str,
+) -> Result<Running> {
+    let mut args = vec![
+        format!("--kubeconfig={}", kubeconfig.display()),
+        "--controllers=endpoints-controller".to_string(),
+        "--leader-elect=false".to_string(),
+        "--secure-port=0".to_string(),
+        "--bind-address=127.0.0.1".to_string(),
+        "--use-service-account-credentials=false".to_string(),
+        "--concurrent-endpoint-syncs=5".to_string(),
+        "--v=1".to_string(),
+    ];
+    args.extend(extra_args.iter().cloned());
+    let process = Process::spawn(
+        "kube-controller-manager",
+        &cp.binaries().kube_controller_manager,
+        &args,
+        &cp.log_dir().join(format!("{log_name}.log")),
+    )?;
+    Ok(Running {
+        process,
+        metrics_port: None,
+    })
+}

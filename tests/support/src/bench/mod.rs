@@ -1,0 +1,445 @@
+//! `make bench`: endpoints-guard side by side with kube-controller-manager's
+//! endpoints controller on the local control plane, each alone in turn on the
+//! same objects.
+//!
+//! One control plane per size; the workload is created once (setup, timed on
+//! its own). Then, for each controller: **cold sync** (start it with
+//! everything present; done when the independent Endpoints watch sees every
+//! Service's Endpoints list exactly its pods), **churn** (flip the readiness
+//! of `rate` pods a second for `churn`; latency from just before each status
+//! write to the watch event showing the pod's address moved), **steady**
+//! (nothing changes for `steady`), and for endpoints-guard **resync** (a
+//! fresh process with a short `--resync-interval`; the first resync's
+//! duration from its metrics, its requests from the audit log). Between
+//! controllers the flipped pods are made Ready again and every Endpoints
+//! object is deleted. CPU and peak RSS come from /proc, requests from the
+//! audit log (see [`audit`]).
+
+mod audit;
+mod controllers;
+mod observe;
+mod procstat;
+pub mod report;
+mod workload;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{Context as _, Result};
+use futures::{StreamExt, stream};
+use kube::Client;
+use serde::{Deserialize, Serialize};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+
+pub use controllers::Controller;
+pub use report::RunResult;
+pub use workload::BenchSize;
+
+use crate::{ControlPlane, ControlPlaneOptions};
+use observe::Observer;
+use workload::{BenchWorkload, set_ready};
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct BenchOptions {
+    pub size: BenchSize,
+    /// Pods flipped per second during churn.
+    pub churn_rate: u32,
+    pub churn: Duration,
+    pub steady: Duration,
+    /// endpoints-guard's `--resync-interval` in the resync phase.
+    pub resync_interval: Duration,
+    /// Where report.json, report.md and the CDF plot go.
+    pub out_dir: PathBuf,
+    /// The endpoints-guard binary.
+    pub guard_binary: PathBuf,
+    pub controllers: Vec<Controller>,
+    /// Extra kube-controller-manager flags (e.g. `--kube-api-qps=100`).
+    pub upstream_args: Vec<String>,
+    /// Requests in flight while creating the workload.
+    pub setup_parallelism: usize,
+    /// How long cold sync may take before the run fails.
+    pub cold_sync_timeout: Duration,
+}
+
+impl BenchOptions {
+    pub fn new(size: BenchSize, guard_binary: PathBuf, out_dir: PathBuf) -> Self {
+        Self {
+            size,
+            churn_rate: 10,
+            churn: Duration::from_secs(60),
+            steady: Duration::from_secs(60),
+            resync_interval: Duration::from_secs(10),
+            out_dir,
+            guard_binary,
+            controllers: vec![Controller::Guard, Controller::Upstream],
+            upstream_args: Vec::new(),
+            setup_parallelism: 32,
+            cold_sync_timeout: Duration::from_secs(1800),
+        }
+    }
+}
+
+/// One phase of one run.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Phase {
+    pub wall_s: f64,
+    pub cpu_s: f64,
+    /// Endpoints watch events (ADDED, MODIFIED, DELETED) in the phase.
+    pub writes: u64,
+    pub requests: BTreeMap<String, u64>,
+    pub requests_by_resource: BTreeMap<String, u64>,
+}
+
+/// The cost of one full resync diff (endpoints-guard only).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Resync {
+    /// `endpoints_guard_resync_duration_seconds` of the first resync.
+    pub duration_s: f64,
+    pub cpu_s: f64,
+    pub requests: BTreeMap<String, u64>,
+    pub requests_by_resource: BTreeMap<String, u64>,
+    /// VmHWM of the process that ran it (it also did a cold start).
+    pub peak_rss_mb: f64,
+}
+
+/// Fields drop in order: the observer's watch stops before the control plane.
+struct Bench {
+    observer: Arc<Observer>,
+    cp: ControlPlane,
+    client: Client,
+    opts: BenchOptions,
+    workload: BenchWorkload,
+    audit_log: PathBuf,
+    kubeconfigs: BTreeMap<&'static str, PathBuf>,
+    setup_s: f64,
+    _dir: tempfile::TempDir,
+}
+
+fn log(text: &str) {
+    eprintln!("eg-bench: {text}");
+}
+
+/// Runs the bench and writes report.json (merged with runs of other sizes
+/// already there), report.md and `latency-cdf-<size>.svg` into `out_dir`.
+pub async fn run(opts: BenchOptions) -> Result<Vec<RunResult>> {
+    let bench = Bench::setup(opts).await?;
+    let mut runs = Vec::new();
+    let mut latencies = Vec::new();
+    for (i, &controller) in bench.opts.controllers.iter().enumerate() {
+        if i > 0 {
+            bench.reset().await?;
+        }
+        let (run, lat) = bench.measure(controller).await?;
+        log(&format!(
+            "{}: cold sync {:.2} s, churn p50/p90/p99 {:.1}/{:.1}/{:.1} ms, cpu {:.2} s, peak RSS {:.1} MiB, writes {} / changes {}",
+            controller.name(),
+            run.cold_sync_s,
+            run.churn_p50_ms,
+            run.churn_p90_ms,
+            run.churn_p99_ms,
+            run.cpu_s,
+            run.peak_rss_mb,
+            run.writes,
+            run.changes
+        ));
+        runs.push(run);
+        latencies.push((controller, lat));
+    }
+    report::write_all(
+        &bench.opts.out_dir,
+        &bench.opts.size.name,
+        &runs,
+        &latencies,
+    )?;
+    Ok(runs)
+}
+
+impl Bench {
+    async fn setup(opts: BenchOptions) -> Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("eg-bench-")
+            .tempdir()
+            .context("creating the bench's temporary folder")?;
+        let users: Vec<String> = [Controller::Guard, Controller::Upstream]
+            .iter()
+            .map(|c| c.user())
+            .collect();
+        let policy = dir.path().join("audit-policy.yaml");
+        std::fs::write(&policy, audit::policy(&users)).context("writing the audit policy")?;
+        let audit_log = dir.path().join("audit.log");
+        let mut cp_opts = ControlPlaneOptions::default()
+            .apiserver_arg("--max-requests-inflight=1000")
+            .apiserver_arg("--max-mutating-requests-inflight=500");
+        cp_opts
+            .apiserver_args
+            .extend(audit::apiserver_args(&policy, &audit_log));
+        log(&format!(
+            "size {}: {} Services × {} pods in {} namespaces; starting the control plane",
+            opts.size.name,
+            opts.size.services,
+            opts.size.pods(),
+            opts.size.namespaces()
+        ));
+        let cp = ControlPlane::start(cp_opts).await?;
+        let client = cp.client();
+        let mut kubeconfigs = BTreeMap::new();
+        for c in [Controller::Guard, Controller::Upstream] {
+            kubeconfigs.insert(c.name(), controllers::credentials(&cp, c).await?);
+        }
+        let workload = BenchWorkload::generate(&opts.size);
+        let setup = workload.create(&client, opts.setup_parallelism).await?;
+        log(&format!("workload created in {:.1} s", setup.as_secs_f64()));
+        let observer = Arc::new(Observer::start(client.clone(), &workload).await?);
+        Ok(Self {
+            cp,
+            client,
+            opts,
+            workload,
+            observer,
+            audit_log,
+            kubeconfigs,
+            setup_s: setup.as_secs_f64(),
+            _dir: dir,
+        })
+    }
+
+    /// Between controllers: every pod Ready again, no Endpoints left.
+    async fn reset(&self) -> Result<()> {
+        let client = &self.client;
+        let results: Vec<Result<()>> = stream::iter(&self.workload.pods)
+            .map(|pod| set_ready(client, pod, true))
+            .buffer_unordered(self.opts.setup_parallelism)
+            .collect()
+            .await;
+        results.into_iter().collect::<Result<()>>()?;
+        self.workload.delete_endpoints(client).await?;
+        self.observer
+            .wait_for("Endpoints deleted", Duration::from_secs(120), |o| {
+                o.existing() == 0
+            })
+            .await?;
+        Ok(())
+    }
+
+    fn kubeconfig(&self, c: Controller) -> Result<&PathBuf> {
+        self.kubeconfigs
+            .get(c.name())
+            .context("no kubeconfig for the controller")
+    }
+
+    fn start(&self, c: Controller, resync: &str, log_name: &str) -> Result<controllers::Running> {
+        match c {
+            Controller::Guard => controllers::start_guard(
+                &self.cp,
+                &self.opts.guard_binary,
+                self.kubeconfig(c)?,
+                resync,
+                log_name,
+            ),
+            Controller::Upstream => controllers::start_upstream(
+                &self.cp,
+                self.kubeconfig(c)?,
+                &self.opts.upstream_args,
+                log_name,
+            ),
+        }
+    }
+
+    async fn measure(&self, c: Controller) -> Result<(RunResult, Vec<f64>)> {
+        let services = self.workload.services.len();
+        let obs = &self.observer;
+        log(&format!("{}: cold sync", c.name()));
+        let t_cold = SystemTime::now();
+        let started = Instant::now();
+        let ev0 = obs.events();
+        let mut running = self.start(c, "5m", c.name())?;
+        let done = obs
+            .wait_for("cold sync", self.opts.cold_sync_timeout, |o| {
+                o.correct() == services
+            })
+            .await?;
+        let cold_sync_s = done.duration_since(started).as_secs_f64();
+        // Stray writes right after the last correct Endpoints belong to cold sync.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        running.process.ensure_running()?;
+        let mut phases = Vec::new();
+        let mut mark = Mark {
+            at: t_cold,
+            instant: started,
+            cpu: 0.0,
+            events: ev0,
+        };
+        mark = self.close(&mut phases, "cold", mark, &running)?;
+
+        log(&format!("{}: churn", c.name()));
+        let (flips, failed) = self.churn().await?;
+        let _ = obs
+            .wait_for("churn drained", Duration::from_secs(30), |o| {
+                o.pending() == 0
+            })
+            .await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let (mut latencies, missed) = obs.take_latencies();
+        mark = self.close(&mut phases, "churn", mark, &running)?;
+
+        log(&format!("{}: steady", c.name()));
+        tokio::time::sleep(self.opts.steady).await;
+        running.process.ensure_running()?;
+        self.close(&mut phases, "steady", mark, &running)?;
+        let peak_rss_main_mb = running.peak_rss_mb()?;
+        running.process.stop().await?;
+
+        let mut resync = None;
+        let mut resync_window = None;
+        if c == Controller::Guard {
+            log("endpoints-guard: resync");
+            let (r, window) = self.resync().await?;
+            resync = Some(r);
+            resync_window = Some(window);
+        }
+        // Blocking audit mode writes before answering; a moment for the last lines.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let requests = audit::read(&self.audit_log)?;
+        let user = c.user();
+        let phases: BTreeMap<String, Phase> = phases
+            .into_iter()
+            .map(|(name, mut phase, from, to)| {
+                phase.requests = audit::by_verb(&requests, &user, from, to);
+                phase.requests_by_resource =
+                    audit::by_verb_and_resource(&requests, &user, from, to);
+                (name, phase)
+            })
+            .collect();
+        if let (Some(r), Some((from, to))) = (resync.as_mut(), resync_window) {
+            r.requests = audit::by_verb(&requests, &user, from, to);
+            r.requests_by_resource = audit::by_verb_and_resource(&requests, &user, from, to);
+        }
+        latencies.sort_by(f64::total_cmp);
+        let run = report::assemble(report::Parts {
+            size: &self.opts,
+            controller: c,
+            setup_s: self.setup_s,
+            cold_sync_s,
+            latencies: &latencies,
+            flips,
+            failed,
+            missed,
+            peak_rss_main_mb,
+            phases,
+            resync,
+        });
+        Ok((run, latencies))
+    }
+
+    /// Ends the phase begun at `mark`, storing it with its time window.
+    fn close(
+        &self,
+        phases: &mut Vec<PhaseWindow>,
+        name: &str,
+        mark: Mark,
+        running: &controllers::Running,
+    ) -> Result<Mark> {
+        let now = Mark {
+            at: SystemTime::now(),
+            instant: Instant::now(),
+            cpu: running.cpu_seconds()?,
+            events: self.observer.events(),
+        };
+        let phase = Phase {
+            wall_s: now.instant.duration_since(mark.instant).as_secs_f64(),
+            cpu_s: now.cpu - mark.cpu,
+            writes: now.events - mark.events,
+            ..Phase::default()
+        };
+        phases.push((name.to_string(), phase, mark.at, now.at));
+        Ok(now)
+    }
+
+    /// Flips `rate` pods a second for the churn duration; returns (flips, failed writes).
+    async fn churn(&self) -> Result<(u64, u64)> {
+        let rate = self.opts.churn_rate.max(1);
+        let total = (u64::from(rate) * self.opts.churn.as_secs()).max(1);
+        let pods = &self.workload.pods;
+        let mut ticker = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(rate)));
+        let limit = Arc::new(Semaphore::new(32));
+        let mut tasks = JoinSet::new();
+        for k in 0..total {
+            ticker.tick().await;
+            // Each pod goes not-ready once, then (past the last pod) ready again.
+            let i = (k as usize) % pods.len();
+            let want_ready = (k as usize / pods.len()) % 2 == 1;
+            let pod = pods[i].clone();
+            let (client, obs, limit) = (self.client.clone(), self.observer.clone(), limit.clone());
+            obs.expect_flip(pod.key(), want_ready, Instant::now());
+            tasks.spawn(async move {
+                let _permit = limit.acquire_owned().await;
+                let result = set_ready(&client, &pod, want_ready).await;
+                if result.is_err() {
+                    obs.cancel_flip(&pod.key());
+                }
+                result.is_err()
+            });
+        }
+        let mut failed = 0;
+        while let Some(res) = tasks.join_next().await {
+            if res.unwrap_or(true) {
+                failed += 1;
+            }
+        }
+        Ok((total, failed))
+    }
+
+    /// A fresh endpoints-guard with a short resync interval: the first
+    /// resync's cost, and the time window it ran in.
+    async fn resync(&self) -> Result<(Resync, (SystemTime, SystemTime))> {
+        let interval = format!("{}s", self.opts.resync_interval.as_secs().max(1));
+        let mut r = self.start(Controller::Guard, &interval, "endpoints-guard-resync")?;
+        r.wait_ready(Duration::from_secs(600)).await?;
+        let start = Instant::now();
+        let mut samples: Vec<(SystemTime, f64)> = Vec::new();
+        let (duration_s, end) = loop {
+            r.process.ensure_running()?;
+            let text = r.metrics().await?;
+            samples.push((SystemTime::now(), r.cpu_seconds()?));
+            let count = procstat::metric(&text, "endpoints_guard_resync_duration_seconds_count");
+            if count.unwrap_or(0.0) >= 1.0 {
+                let sum = procstat::metric(&text, "endpoints_guard_resync_duration_seconds_sum");
+                break (sum.unwrap_or(0.0), SystemTime::now());
+            }
+            if start.elapsed() > self.opts.resync_interval + Duration::from_secs(600) {
+                anyhow::bail!("no resync finished within its interval plus 600 s");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let from = end - Duration::from_secs_f64(duration_s + 0.25);
+        let cpu_end = r.cpu_seconds()?;
+        let cpu_start = samples
+            .iter()
+            .rev()
+            .find(|(t, _)| *t <= from)
+            .or(samples.first())
+            .map_or(0.0, |(_, c)| *c);
+        let resync = Resync {
+            duration_s,
+            cpu_s: cpu_end - cpu_start,
+            peak_rss_mb: r.peak_rss_mb()?,
+            ..Resync::default()
+        };
+        r.process.stop().await?;
+        Ok((resync, (from, end)))
+    }
+}
+
+/// A phase's name, figures and time window `[from, to)`.
+type PhaseWindow = (String, Phase, SystemTime, SystemTime);
+
+struct Mark {
+    at: SystemTime,
+    instant: Instant,
+    cpu: f64,
+    events: u64,
+}

@@ -1,0 +1,78 @@
+//! CPU time and peak RSS of a process from /proc, and a plain-HTTP scrape of
+//! endpoints-guard's /metrics.
+
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, anyhow};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// utime + stime of `pid`, in seconds.
+pub fn cpu_seconds(pid: u32) -> Result<f64> {
+    let path = format!("/proc/{pid}/stat");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let rest = text
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .ok_or_else(|| anyhow!("{path}: no command name"))?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // state is field 3 of stat(5); utime and stime are fields 14 and 15.
+    let ticks = |i: usize| -> Result<u64> {
+        fields
+            .get(i)
+            .ok_or_else(|| anyhow!("{path}: short"))?
+            .parse::<u64>()
+            .with_context(|| format!("{path}: field {}", i + 3))
+    };
+    let total = ticks(11)? + ticks(12)?;
+    // SAFETY: sysconf has no preconditions.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let per_second = if per_second > 0 {
+        per_second as f64
+    } else {
+        100.0
+    };
+    Ok(total as f64 / per_second)
+}
+
+/// VmHWM (peak resident set) of `pid`, in MiB.
+pub fn peak_rss_mb(pid: u32) -> Result<f64> {
+    let path = format!("/proc/{pid}/status");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    let kb: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| anyhow!("{path}: no VmHWM"))?;
+    Ok(kb / 1024.0)
+}
+
+/// GET `path` on 127.0.0.1:`port` (HTTP/1.0): the body of a 200 answer.
+pub async fn http_get(port: u16, path: &str) -> Result<String> {
+    let fetch = async {
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        stream
+            .write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+            .await?;
+        let mut buf = String::new();
+        stream.read_to_string(&mut buf).await?;
+        anyhow::Ok(buf)
+    };
+    let buf = tokio::time::timeout(Duration::from_secs(5), fetch)
+        .await
+        .context("metrics request timed out")??;
+    let (head, body) = buf.split_once("\r\n\r\n").unwrap_or((buf.as_str(), ""));
+    if head.split_whitespace().nth(1) != Some("200") {
+        return Err(anyhow!("GET {path}: {head}"));
+    }
+    Ok(body.to_string())
+}
+
+/// The value of the first sample line whose name and labels are exactly `series`.
+pub fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let (name, value) = l.rsplit_once(' ')?;
+        (name == series).then(|| value.parse().ok()).flatten()
+    })
+}

@@ -1,0 +1,414 @@
+//! The bench's outputs: `report.json` (runs of every size measured so far),
+//! `report.md` (figures and target ratios) and `latency-cdf-<size>.svg`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::{Context as _, Result};
+use serde::{Deserialize, Serialize};
+
+use super::{BenchOptions, Controller, Phase, Resync};
+
+/// One controller at one size. The first fields are the ones issue 7 names;
+/// `cpu_s`, `writes`, `requests` cover cold sync, churn and steady (not the
+/// separate resync process); `changes` = Services (cold sync) + flips seen.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RunResult {
+    pub size: String,
+    pub controller: Controller,
+    pub cold_sync_s: f64,
+    pub churn_p50_ms: f64,
+    pub churn_p90_ms: f64,
+    pub churn_p99_ms: f64,
+    pub cpu_s: f64,
+    pub peak_rss_mb: f64,
+    pub writes: u64,
+    pub changes: u64,
+    pub requests: BTreeMap<String, u64>,
+    /// VmHWM of the process that ran cold sync, churn and steady (for
+    /// endpoints-guard `peak_rss_mb` also covers the resync process).
+    #[serde(default)]
+    pub peak_rss_main_mb: f64,
+    pub services: usize,
+    pub pods: usize,
+    pub setup_s: f64,
+    pub churn_rate_per_s: u32,
+    pub churn_flips: u64,
+    pub churn_failed_writes: u64,
+    /// Flips never seen in the Endpoints within 30 s of the churn's end.
+    pub churn_missed: u64,
+    pub churn_writes: u64,
+    pub phases: BTreeMap<String, Phase>,
+    pub resync: Option<Resync>,
+}
+
+pub(super) struct Parts<'a> {
+    pub size: &'a BenchOptions,
+    pub controller: Controller,
+    pub setup_s: f64,
+    pub cold_sync_s: f64,
+    /// Sorted.
+    pub latencies: &'a [f64],
+    pub flips: u64,
+    pub failed: u64,
+    pub missed: usize,
+    pub peak_rss_main_mb: f64,
+    pub phases: BTreeMap<String, Phase>,
+    pub resync: Option<Resync>,
+}
+
+/// Nearest-rank percentile of sorted values (0 when empty).
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+pub(super) fn assemble(parts: Parts<'_>) -> RunResult {
+    let opts = parts.size;
+    let mut requests = BTreeMap::new();
+    let (mut cpu_s, mut writes) = (0.0, 0);
+    for phase in parts.phases.values() {
+        super::audit::add(&mut requests, &phase.requests);
+        cpu_s += phase.cpu_s;
+        writes += phase.writes;
+    }
+    let lat = parts.latencies;
+    RunResult {
+        size: opts.size.name.clone(),
+        controller: parts.controller,
+        cold_sync_s: parts.cold_sync_s,
+        churn_p50_ms: percentile(lat, 50.0),
+        churn_p90_ms: percentile(lat, 90.0),
+        churn_p99_ms: percentile(lat, 99.0),
+        cpu_s,
+        peak_rss_mb: parts.resync.as_ref().map_or(parts.peak_rss_main_mb, |r| {
+            r.peak_rss_mb.max(parts.peak_rss_main_mb)
+        }),
+        peak_rss_main_mb: parts.peak_rss_main_mb,
+        writes,
+        changes: (opts.size.services + lat.len()) as u64,
+        requests,
+        services: opts.size.services,
+        pods: opts.size.pods(),
+        setup_s: parts.setup_s,
+        churn_rate_per_s: opts.churn_rate,
+        churn_flips: parts.flips,
+        churn_failed_writes: parts.failed,
+        churn_missed: parts.missed as u64,
+        churn_writes: parts.phases.get("churn").map_or(0, |p| p.writes),
+        phases: parts.phases,
+        resync: parts.resync,
+    }
+}
+
+#[derive(Serialize, Deserialize, Default)]
+struct Report {
+    runs: Vec<RunResult>,
+}
+
+/// Writes report.json (replacing earlier runs of `size`), report.md and the
+/// CDF plot of `size`.
+pub(super) fn write_all(
+    dir: &Path,
+    size: &str,
+    runs: &[RunResult],
+    latencies: &[(Controller, Vec<f64>)],
+) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let json_path = dir.join("report.json");
+    let mut report: Report = std::fs::read_to_string(&json_path)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_default();
+    report.runs.retain(|r| r.size != size);
+    report.runs.extend(runs.iter().cloned());
+    let order = |s: &str| ["S", "M", "L"].iter().position(|x| *x == s).unwrap_or(9);
+    report.runs.sort_by_key(|r| order(&r.size));
+    std::fs::write(&json_path, serde_json::to_string_pretty(&report)? + "\n")
+        .with_context(|| format!("writing {}", json_path.display()))?;
+    let md = dir.join("report.md");
+    std::fs::write(&md, markdown(&report.runs))
+        .with_context(|| format!("writing {}", md.display()))?;
+    let raw = dir.join(format!("latencies-{size}.json"));
+    let named: BTreeMap<&str, &Vec<f64>> = latencies.iter().map(|(c, v)| (c.name(), v)).collect();
+    std::fs::write(&raw, serde_json::to_string(&named)? + "\n")
+        .with_context(|| format!("writing {}", raw.display()))?;
+    let svg = dir.join(format!("latency-cdf-{size}.svg"));
+    std::fs::write(&svg, cdf_svg(size, latencies))
+        .with_context(|| format!("writing {}", svg.display()))?;
+    eprintln!(
+        "eg-bench: wrote {}, {} and {}",
+        json_path.display(),
+        md.display(),
+        svg.display()
+    );
+    Ok(())
+}
+
+/// Rewrites `dir`/report.md from `dir`/report.json.
+pub fn render_markdown(dir: &Path) -> Result<()> {
+    let json_path = dir.join("report.json");
+    let text = std::fs::read_to_string(&json_path)
+        .with_context(|| format!("reading {}", json_path.display()))?;
+    let report: Report =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", json_path.display()))?;
+    let md = dir.join("report.md");
+    std::fs::write(&md, markdown(&report.runs)).with_context(|| format!("writing {}", md.display()))
+}
+
+fn ratio(ours: f64, theirs: f64) -> String {
+    if theirs > 0.0 {
+        format!("{:.2}×", ours / theirs)
+    } else {
+        "n/a".into()
+    }
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok { "met" } else { "**missed**" }
+}
+
+fn requests_text(requests: &BTreeMap<String, u64>) -> String {
+    if requests.is_empty() {
+        return "0".into();
+    }
+    requests
+        .iter()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn writes_per_change(r: &RunResult) -> f64 {
+    let changes = r
+        .churn_flips
+        .saturating_sub(r.churn_missed + r.churn_failed_writes);
+    if changes == 0 {
+        0.0
+    } else {
+        r.churn_writes as f64 / changes as f64
+    }
+}
+
+/// report.md: per size, the figures of each controller and the targets.
+pub fn markdown(runs: &[RunResult]) -> String {
+    let mut out = String::from("# endpoints-guard vs kube-controller-manager (`make bench`)\n");
+    let mut sizes: Vec<&str> = runs.iter().map(|r| r.size.as_str()).collect();
+    sizes.dedup();
+    for size in sizes {
+        let of = |c| runs.iter().find(|r| r.size == size && r.controller == c);
+        let (ours, theirs) = (of(Controller::Guard), of(Controller::Upstream));
+        let any = ours.or(theirs).expect("a run of this size");
+        let _ = writeln!(
+            out,
+            "\n## Size {size}: {} Services × {} pods (setup {:.1} s)\n",
+            any.services, any.pods, any.setup_s
+        );
+        out.push_str(
+            "| figure | endpoints-guard | kube-controller-manager | ratio |\n|---|---|---|---|\n",
+        );
+        let cell =
+            |r: Option<&RunResult>, f: &dyn Fn(&RunResult) -> String| r.map_or("—".to_string(), f);
+        let num = |name: &str, f: &dyn Fn(&RunResult) -> f64, digits: usize| {
+            let a = cell(ours, &|r| format!("{:.*}", digits, f(r)));
+            let b = cell(theirs, &|r| format!("{:.*}", digits, f(r)));
+            let q = match (ours, theirs) {
+                (Some(o), Some(t)) => ratio(f(o), f(t)),
+                _ => "—".into(),
+            };
+            format!("| {name} | {a} | {b} | {q} |\n")
+        };
+        out += &num("cold sync (s)", &|r| r.cold_sync_s, 2);
+        out += &num("churn p50 (ms)", &|r| r.churn_p50_ms, 1);
+        out += &num("churn p90 (ms)", &|r| r.churn_p90_ms, 1);
+        out += &num("churn p99 (ms)", &|r| r.churn_p99_ms, 1);
+        out += &num("CPU, cold+churn+steady (s)", &|r| r.cpu_s, 2);
+        out += &num("peak RSS (MiB)", &|r| r.peak_rss_mb, 1);
+        out += &num(
+            "peak RSS without the resync process (MiB)",
+            &|r| r.peak_rss_main_mb,
+            1,
+        );
+        out += &num("Endpoints writes", &|r| r.writes as f64, 0);
+        out += &num("distinct changes", &|r| r.changes as f64, 0);
+        out += &num("churn writes per change", &writes_per_change, 3);
+        out += &num(
+            "API requests",
+            &|r| r.requests.values().sum::<u64>() as f64,
+            0,
+        );
+        let _ = writeln!(
+            out,
+            "\nChurn: {} pods/s for {} flips; missed: ours {}, upstream {}.\n",
+            any.churn_rate_per_s,
+            any.churn_flips,
+            cell(ours, &|r| r.churn_missed.to_string()),
+            cell(theirs, &|r| r.churn_missed.to_string())
+        );
+        out.push_str("| controller | phase | wall (s) | CPU (s) | writes | requests |\n|---|---|---|---|---|---|\n");
+        for r in [ours, theirs].into_iter().flatten() {
+            for name in ["cold", "churn", "steady"] {
+                if let Some(p) = r.phases.get(name) {
+                    let _ = writeln!(
+                        out,
+                        "| {} | {name} | {:.1} | {:.2} | {} | {} |",
+                        r.controller.name(),
+                        p.wall_s,
+                        p.cpu_s,
+                        p.writes,
+                        requests_text(&p.requests_by_resource)
+                    );
+                }
+            }
+            match &r.resync {
+                Some(s) => {
+                    let _ = writeln!(
+                        out,
+                        "| {} | resync (one full diff; process peak RSS {:.1} MiB) | {:.2} | {:.2} | — | {} |",
+                        r.controller.name(),
+                        s.peak_rss_mb,
+                        s.duration_s,
+                        s.cpu_s,
+                        requests_text(&s.requests_by_resource)
+                    );
+                }
+                None => {
+                    let _ = writeln!(
+                        out,
+                        "| {} | resync | n/a: its informer resync replays the cache; a relist is what its cold phase shows (client-go ≥ 1.34 lists through a streaming watch, sendInitialEvents) | | | |",
+                        r.controller.name()
+                    );
+                }
+            }
+        }
+        if let (Some(o), Some(t)) = (ours, theirs) {
+            out.push_str("\n| target (ours / upstream) | value | verdict |\n|---|---|---|\n");
+            let row = |out: &mut String, name: &str, value: String, ok: bool| {
+                let _ = writeln!(out, "| {name} | {value} | {} |", verdict(ok));
+            };
+            let q = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::INFINITY };
+            row(
+                &mut out,
+                "peak RSS ≤ 0.25×",
+                ratio(o.peak_rss_mb, t.peak_rss_mb),
+                q(o.peak_rss_mb, t.peak_rss_mb) <= 0.25,
+            );
+            row(
+                &mut out,
+                "CPU ≤ 0.5×",
+                ratio(o.cpu_s, t.cpu_s),
+                q(o.cpu_s, t.cpu_s) <= 0.5,
+            );
+            row(
+                &mut out,
+                "churn p99 ≤ 1.0×",
+                ratio(o.churn_p99_ms, t.churn_p99_ms),
+                q(o.churn_p99_ms, t.churn_p99_ms) <= 1.0,
+            );
+            row(
+                &mut out,
+                "cold sync ≤ 1.0×",
+                ratio(o.cold_sync_s, t.cold_sync_s),
+                q(o.cold_sync_s, t.cold_sync_s) <= 1.0,
+            );
+            let wpc = writes_per_change(o);
+            row(
+                &mut out,
+                "writes per distinct change = 1.0 (churn)",
+                format!("{wpc:.3}"),
+                (wpc - 1.0).abs() < 1e-9,
+            );
+            let steady_reads = o
+                .phases
+                .get("steady")
+                .map_or(0, |p| p.requests.get("get").copied().unwrap_or(0));
+            row(
+                &mut out,
+                "guard's live reads in steady = 0",
+                steady_reads.to_string(),
+                steady_reads == 0,
+            );
+        }
+    }
+    out.push_str("\nRequests are counted from kube-apiserver's audit log (one ServiceAccount per controller). Writes are Endpoints watch events seen by an independent watch. CPU and peak RSS come from /proc/<pid>/stat and VmHWM.\n");
+    out
+}
+
+/// A CDF of each controller's churn latencies, log-scaled x axis.
+pub fn cdf_svg(size: &str, series: &[(Controller, Vec<f64>)]) -> String {
+    let (w, h, left, right, top, bottom) = (760.0, 440.0, 70.0, 20.0, 40.0, 50.0);
+    let all = series.iter().flat_map(|(_, v)| v.iter().copied());
+    let min = all.clone().fold(f64::INFINITY, f64::min).max(0.1);
+    let max = all.fold(0.0, f64::max).max(min * 10.0);
+    let (lo, hi) = (min.log10().floor(), max.log10().ceil());
+    let x = |ms: f64| left + (ms.max(10f64.powf(lo)).log10() - lo) / (hi - lo) * (w - left - right);
+    let y = |f: f64| top + (1.0 - f) * (h - top - bottom);
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <text x=\"{}\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">Churn latency CDF, size {size} (pod status write → Endpoints change)</text>\n",
+        w / 2.0
+    );
+    let mut decade = lo;
+    while decade <= hi {
+        let ms = 10f64.powf(decade);
+        let _ = writeln!(
+            s,
+            "<line x1=\"{0:.1}\" y1=\"{top}\" x2=\"{0:.1}\" y2=\"{1}\" stroke=\"#ddd\"/><text x=\"{0:.1}\" y=\"{2}\" text-anchor=\"middle\">{ms} ms</text>",
+            x(ms),
+            h - bottom,
+            h - bottom + 18.0
+        );
+        decade += 1.0;
+    }
+    for f in [0.0, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0] {
+        let _ = writeln!(
+            s,
+            "<line x1=\"{left}\" y1=\"{0:.1}\" x2=\"{1}\" y2=\"{0:.1}\" stroke=\"#eee\"/><text x=\"{2}\" y=\"{3:.1}\" text-anchor=\"end\">{f}</text>",
+            y(f),
+            w - right,
+            left - 6.0,
+            y(f) + 4.0
+        );
+    }
+    let colors = ["#1f77b4", "#d62728"];
+    for (i, (controller, values)) in series.iter().enumerate() {
+        let color = colors[i % colors.len()];
+        let n = values.len().max(1) as f64;
+        let mut points = String::new();
+        let mut prev = 0.0;
+        for (k, v) in values.iter().enumerate() {
+            let _ = write!(
+                points,
+                "{:.1},{:.1} {:.1},{:.1} ",
+                x(*v),
+                y(prev),
+                x(*v),
+                y((k + 1) as f64 / n)
+            );
+            prev = (k + 1) as f64 / n;
+        }
+        let _ = writeln!(
+            s,
+            "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2\" points=\"{points}\"/>\n\
+             <text x=\"{}\" y=\"{}\" fill=\"{color}\">{} (n={}, p50 {:.1} ms, p99 {:.1} ms)</text>",
+            left + 10.0,
+            top + 16.0 + 16.0 * i as f64,
+            controller.name(),
+            values.len(),
+            percentile(values, 50.0),
+            percentile(values, 99.0)
+        );
+    }
+    let _ = writeln!(
+        s,
+        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">latency (ms, log scale)</text>\n</svg>",
+        w / 2.0,
+        h - 8.0
+    );
+    s
+}

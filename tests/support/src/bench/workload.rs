@@ -1,0 +1,214 @@
+//! The bench's own workload: plain ClusterIP Services, each selecting
+//! `pods_per_service` Running, Ready pods with one IP and one named port, spread
+//! over namespaces of `services_per_namespace` Services. Deterministic: the same
+//! names and IPs every run.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use futures::{TryStreamExt, stream};
+use k8s_openapi::api::core::v1::{Endpoints, Namespace, Pod, Service};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::{Value, json};
+
+/// A bench size: `S`, `M` or `L` (or a custom one).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BenchSize {
+    pub name: String,
+    pub services: usize,
+    pub pods_per_service: usize,
+    pub services_per_namespace: usize,
+}
+
+impl BenchSize {
+    /// `S` = 100 Services × 1,000 pods, `M` = 1,000 × 10,000, `L` = 3,000 × 30,000.
+    pub fn named(name: &str) -> Result<Self> {
+        let services = match name {
+            "S" | "s" => 100,
+            "M" | "m" => 1_000,
+            "L" | "l" => 3_000,
+            other => bail!("unknown bench size {other:?} (use S, M or L)"),
+        };
+        Ok(Self {
+            name: name.to_ascii_uppercase(),
+            services,
+            pods_per_service: 10,
+            services_per_namespace: 50,
+        })
+    }
+
+    pub fn pods(&self) -> usize {
+        self.services * self.pods_per_service
+    }
+
+    pub fn namespaces(&self) -> usize {
+        self.services.div_ceil(self.services_per_namespace.max(1))
+    }
+}
+
+/// Prefix of every bench namespace.
+pub const NAMESPACE_PREFIX: &str = "bench-";
+
+/// One pod of the workload, by position.
+#[derive(Clone, Debug)]
+pub struct PodRef {
+    pub namespace: String,
+    pub name: String,
+    pub service: usize,
+}
+
+impl PodRef {
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// The generated objects' names.
+#[derive(Clone, Debug)]
+pub struct BenchWorkload {
+    pub namespaces: Vec<String>,
+    /// `namespace/name` of each Service, by index.
+    pub services: Vec<(String, String)>,
+    /// Pods in churn order: pod 0 of every Service, then pod 1 of every
+    /// Service, ... so consecutive flips hit different Services.
+    pub pods: Vec<PodRef>,
+}
+
+fn pod_ip(index: usize) -> String {
+    format!(
+        "10.{}.{}.{}",
+        64 + (index >> 16) % 64,
+        (index >> 8) & 255,
+        index & 255
+    )
+}
+
+fn ready_conditions(ready: bool) -> Value {
+    let status = if ready { "True" } else { "False" };
+    let now = k8s_openapi::jiff::Timestamp::now()
+        .round(k8s_openapi::jiff::Unit::Second)
+        .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)
+        .to_string();
+    json!([
+        {"type": "Ready", "status": status, "lastTransitionTime": now},
+        {"type": "ContainersReady", "status": status, "lastTransitionTime": now},
+    ])
+}
+
+impl BenchWorkload {
+    pub fn generate(size: &BenchSize) -> Self {
+        let namespaces: Vec<String> = (0..size.namespaces())
+            .map(|i| format!("{NAMESPACE_PREFIX}{i}"))
+            .collect();
+        let services: Vec<(String, String)> = (0..size.services)
+            .map(|s| {
+                let ns = namespaces[s / size.services_per_namespace.max(1)].clone();
+                (ns, format!("svc-{s}"))
+            })
+            .collect();
+        let mut pods = Vec::with_capacity(size.pods());
+        for p in 0..size.pods_per_service {
+            for (s, (ns, _)) in services.iter().enumerate() {
+                pods.push(PodRef {
+                    namespace: ns.clone(),
+                    name: format!("svc-{s}-pod-{p}"),
+                    service: s,
+                });
+            }
+        }
+        Self {
+            namespaces,
+            services,
+            pods,
+        }
+    }
+
+    /// Creates namespaces, Services, pods and the pods' Ready statuses with
+    /// `parallel` requests in flight; returns how long it took.
+    pub async fn create(&self, client: &Client, parallel: usize) -> Result<Duration> {
+        let start = Instant::now();
+        let ns_api: Api<Namespace> = Api::all(client.clone());
+        for ns in &self.namespaces {
+            let obj: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}}))?;
+            ns_api
+                .create(&PostParams::default(), &obj)
+                .await
+                .with_context(|| format!("creating namespace {ns}"))?;
+        }
+        stream::iter(self.services.iter().enumerate().map(Ok))
+            .try_for_each_concurrent(parallel, |(s, (ns, name))| async move {
+                let svc: Service = serde_json::from_value(json!({
+                    "metadata": {"namespace": ns, "name": name},
+                    "spec": {
+                        "selector": {"app": format!("svc-{s}")},
+                        "ports": [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}],
+                    },
+                }))?;
+                Api::<Service>::namespaced(client.clone(), ns)
+                    .create(&PostParams::default(), &svc)
+                    .await
+                    .with_context(|| format!("creating service {ns}/{name}"))?;
+                anyhow::Ok(())
+            })
+            .await?;
+        stream::iter(self.pods.iter().enumerate().map(Ok))
+            .try_for_each_concurrent(parallel, |(i, pod)| async move {
+                create_pod(client, pod, i).await
+            })
+            .await?;
+        Ok(start.elapsed())
+    }
+
+    /// Deletes every Endpoints object in the bench namespaces.
+    pub async fn delete_endpoints(&self, client: &Client) -> Result<()> {
+        for ns in &self.namespaces {
+            Api::<Endpoints>::namespaced(client.clone(), ns)
+                .delete_collection(&DeleteParams::default(), &ListParams::default())
+                .await
+                .with_context(|| format!("deleting the Endpoints of {ns}"))?;
+        }
+        Ok(())
+    }
+}
+
+async fn create_pod(client: &Client, pod: &PodRef, index: usize) -> Result<()> {
+    let obj: Pod = serde_json::from_value(json!({
+        "metadata": {
+            "namespace": pod.namespace, "name": pod.name,
+            "labels": {"app": format!("svc-{}", pod.service), "bench": "yes"},
+        },
+        "spec": {
+            "nodeName": format!("node-{}", index % 10),
+            "containers": [{
+                "name": "app", "image": "registry.invalid/app:1",
+                "ports": [{"name": "http", "containerPort": 8080, "protocol": "TCP"}],
+            }],
+        },
+    }))?;
+    let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace);
+    api.create(&PostParams::default(), &obj)
+        .await
+        .with_context(|| format!("creating pod {}", pod.key()))?;
+    let ip = pod_ip(index);
+    let status = json!({"status": {
+        "phase": "Running",
+        "podIP": ip,
+        "podIPs": [{"ip": ip}],
+        "conditions": ready_conditions(true),
+    }});
+    api.patch_status(&pod.name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .with_context(|| format!("writing the status of pod {}", pod.key()))?;
+    Ok(())
+}
+
+/// Sets the pod's Ready and ContainersReady conditions, as a kubelet would.
+pub async fn set_ready(client: &Client, pod: &PodRef, ready: bool) -> Result<()> {
+    let status = json!({"status": {"conditions": ready_conditions(ready)}});
+    Api::<Pod>::namespaced(client.clone(), &pod.namespace)
+        .patch_status(&pod.name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .with_context(|| format!("flipping pod {}", pod.key()))?;
+    Ok(())
+}

@@ -1,0 +1,90 @@
+//! `make bench [SIZE=S|M|L]`: endpoints-guard side by side with
+//! kube-controller-manager's endpoints controller; see `eg_testsupport::bench`.
+//!
+//! ```text
+//! eg-bench [--size S|M|L] [--rate PODS_PER_S] [--churn-secs N] [--steady-secs N]
+//!          [--resync-secs N] [--out DIR] [--only endpoints-guard|kube-controller-manager]
+//!          [--upstream-arg FLAG]...
+//! eg-bench --render [--out DIR]    # rewrite report.md from report.json
+//! ```
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use eg_testsupport::bench::{self, BenchOptions, BenchSize, Controller};
+use eg_testsupport::binaries::workspace_root;
+
+fn usage() -> &'static str {
+    "usage: eg-bench [--size S|M|L] [--rate N] [--churn-secs N] [--steady-secs N] \
+     [--resync-secs N] [--out DIR] [--only endpoints-guard|kube-controller-manager] \
+     [--upstream-arg FLAG]... | eg-bench --render [--out DIR]"
+}
+
+fn parse() -> Result<BenchOptions> {
+    let root = workspace_root()?;
+    let binary = std::env::var_os("EG_BINARY")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target/release/endpoints-guard"));
+    let size = std::env::var("SIZE").unwrap_or_else(|_| "S".into());
+    let mut opts = BenchOptions::new(BenchSize::named(&size)?, binary, root.join("target/bench"));
+    let mut render_only = false;
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        if flag == "--help" || flag == "-h" {
+            println!("{}", usage());
+            std::process::exit(0);
+        }
+        if flag == "--render" {
+            render_only = true;
+            continue;
+        }
+        let value = args
+            .next()
+            .with_context(|| format!("{flag} needs a value; {}", usage()))?;
+        let secs = |v: &str| -> Result<Duration> {
+            Ok(Duration::from_secs(
+                v.parse().with_context(|| format!("{flag} {v}"))?,
+            ))
+        };
+        match flag.as_str() {
+            "--size" => opts.size = BenchSize::named(&value)?,
+            "--rate" => opts.churn_rate = value.parse().context("--rate")?,
+            "--churn-secs" => opts.churn = secs(&value)?,
+            "--steady-secs" => opts.steady = secs(&value)?,
+            "--resync-secs" => opts.resync_interval = secs(&value)?,
+            "--out" => opts.out_dir = PathBuf::from(value),
+            "--upstream-arg" => opts.upstream_args.push(value),
+            "--only" => {
+                opts.controllers = match value.as_str() {
+                    "endpoints-guard" => vec![Controller::Guard],
+                    "kube-controller-manager" => vec![Controller::Upstream],
+                    other => bail!("--only {other}: unknown controller"),
+                }
+            }
+            other => bail!("unknown flag {other}; {}", usage()),
+        }
+    }
+    if render_only {
+        bench::report::render_markdown(&opts.out_dir)?;
+        println!("wrote {}", opts.out_dir.join("report.md").display());
+        std::process::exit(0);
+    }
+    if !opts.guard_binary.exists() {
+        bail!(
+            "{} is missing: run `cargo build --release` (make bench does)",
+            opts.guard_binary.display()
+        );
+    }
+    Ok(opts)
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let opts = parse()?;
+    let runs = bench::run(opts).await?;
+    for run in &runs {
+        println!("{}", serde_json::to_string(run)?);
+    }
+    Ok(())
+}
