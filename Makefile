@@ -4,6 +4,8 @@
 #   make test          fmt, clippy, unit tests, end-to-end tests on the local control plane
 #   make controlplane  build (or reuse) kube-apiserver, kube-controller-manager, etcd, helm
 #   make parity        full differential test against kube-controller-manager
+#   make chaos         watch-chaos scenario matrix: endpoints-guard vs kube-controller-manager
+#   make bench         endpoints-guard vs kube-controller-manager (SIZE=S|M|L) → target/bench/
 #
 # The control plane programs are built from Go modules (tests/controlplane/); set
 # KUBEBUILDER_ASSETS or EG_KUBE_APISERVER / EG_KUBE_CONTROLLER_MANAGER / EG_ETCD / EG_HELM
@@ -14,7 +16,7 @@ CARGO ?= cargo
 # Tests start several control planes; two at a time fits a 2-core machine.
 TEST_THREADS ?= 2
 
-.PHONY: all build controlplane toolchain fmt-check clippy unit-test e2e-test test parity demo clean
+.PHONY: all build controlplane toolchain fmt-check clippy unit-test e2e-test test parity demo clean chaos
 
 all: build
 
@@ -41,11 +43,24 @@ unit-test: toolchain
 e2e-test: controlplane
 	$(CARGO) test --workspace --tests -- --test-threads=$(TEST_THREADS)
 
-test: fmt-check clippy controlplane
+test: fmt-check clippy lint-shell controlplane
 	$(CARGO) test --workspace -- --test-threads=$(TEST_THREADS)
 
 parity: controlplane
 	EG_PARITY_SCALE=full $(CARGO) test --release --test parity -- --nocapture
+
+# Bench size: S = 100 Services × 1,000 pods, M = 1,000 × 10,000, L = 3,000 × 30,000.
+SIZE ?= S
+
+.PHONY: bench
+bench: controlplane
+	$(CARGO) build --release --bins
+	SIZE=$(SIZE) $(CARGO) run --release -p eg-testsupport --bin eg-bench
+
+# Every scenario on a fresh control plane, once per controller, both behind watch-chaos;
+# writes target/chaos/report.json and target/chaos/report.md. (make test runs a fast subset.)
+chaos: controlplane
+	EG_CHAOS=full $(CARGO) test --test chaos -- --nocapture
 
 demo: controlplane
 	$(CARGO) build --release --bins
@@ -53,3 +68,21 @@ demo: controlplane
 
 clean:
 	$(CARGO) clean
+
+# --- deployment: chart, plain manifests, kind e2e -------------------------------
+.PHONY: deploy-manifests e2e-kind lint-shell
+
+# Renders deploy/ from charts/endpoints-guard (tests/chart.rs fails on drift).
+deploy-manifests: controlplane
+	bash hack/render-manifests.sh
+
+# kind e2e (needs Docker, kind, kubectl): cluster without the upstream endpoints
+# controller, image built and loaded, chart installed with the watch-chaos sidecar.
+e2e-kind: controlplane
+	bash hack/e2e-kind.sh run
+
+# shellcheck on hack/ (installs it with apt-get when missing, as root).
+lint-shell:
+	@command -v shellcheck >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq shellcheck; } \
+	  || { echo "make: shellcheck is missing: install it (Debian/Ubuntu: apt-get install shellcheck)"; exit 1; }
+	shellcheck hack/*.sh

@@ -7,10 +7,12 @@
 //! - [`controller`]: wires caches, watchers, workers and the metrics server.
 //! - [`metrics`], [`server`]: Prometheus metrics and the health endpoints.
 
+pub mod chaos;
 pub mod config;
 pub mod controller;
 pub mod desired;
 pub mod error;
+pub mod leader;
 pub mod metrics;
 pub mod reconcile;
 pub mod server;

@@ -441,7 +441,11 @@ async fn row(cp: &ControlPlane, name: &str) -> anyhow::Result<Result<(), String>
             cp.create_service(web_service(ns)).await?;
             pod(cp, web(ns, "p"), Some(PodStatusSpec::ready(["10.12.0.1"]))).await?;
             if let Err(e) = wait_for(cp, ns, "web", |ep| {
-                expect("addresses", ips(&only_subset(ep)?.addresses), vec!["10.12.0.1".into()])
+                expect(
+                    "addresses",
+                    ips(&only_subset(ep)?.addresses),
+                    vec!["10.12.0.1".into()],
+                )
             })
             .await
             {
@@ -457,7 +461,11 @@ async fn row(cp: &ControlPlane, name: &str) -> anyhow::Result<Result<(), String>
                 )
                 .await?;
             wait_for(cp, ns, "web", |ep| {
-                expect("addresses", ips(&only_subset(ep)?.addresses), vec!["10.12.0.1".into()])
+                expect(
+                    "addresses",
+                    ips(&only_subset(ep)?.addresses),
+                    vec!["10.12.0.1".into()],
+                )
             })
             .await
         }

@@ -192,6 +192,9 @@ async fn publish(
     action: &str,
     note: String,
 ) {
+    // The API refuses an Event whose note exceeds 1 KiB (API errors quoted in
+    // a note can be longer).
+    let note = truncate_note(note);
     let event = Event {
         type_,
         reason: reason.into(),
@@ -203,5 +206,32 @@ async fn publish(
     // logged and the reconcile goes on.
     if let Err(err) = ctx.recorder.publish(&event, regarding).await {
         warn!(error = %err, reason, "could not publish a Kubernetes Event");
+    }
+}
+
+const MAX_NOTE_BYTES: usize = 1024;
+
+fn truncate_note(mut note: String) -> String {
+    if note.len() > MAX_NOTE_BYTES {
+        let mut cut = MAX_NOTE_BYTES - 3;
+        while !note.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        note.truncate(cut);
+        note.push_str("...");
+    }
+    note
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notes_fit_the_api_limit_on_a_char_boundary() {
+        assert_eq!(truncate_note("short".into()), "short");
+        let cut = truncate_note("é".repeat(800));
+        assert!(cut.len() <= MAX_NOTE_BYTES);
+        assert!(cut.ends_with("..."));
     }
 }

@@ -56,10 +56,18 @@ fn release_if_unreferenced(ctx: &Context, pod: &PodInfo) {
         .read()
         .in_namespace(&pod.namespace)
         .flat_map(|ep| ep.subsets.iter().flatten())
-        .flat_map(|s| s.addresses.iter().flatten().chain(s.not_ready_addresses.iter().flatten()))
+        .flat_map(|s| {
+            s.addresses
+                .iter()
+                .flatten()
+                .chain(s.not_ready_addresses.iter().flatten())
+        })
         .any(|a| a.target_ref.as_ref().and_then(|r| r.uid.as_deref()) == Some(pod.uid.as_str()));
     if !referenced {
-        ctx.stores.pods.write().confirm_deleted(&pod.key(), &pod.uid);
+        ctx.stores
+            .pods
+            .write()
+            .confirm_deleted(&pod.key(), &pod.uid);
     }
 }
 
@@ -165,7 +173,7 @@ mod tests {
 
     fn queued(ctx: &Context) -> Vec<String> {
         let mut keys = Vec::new();
-        while ctx.queue.len() > 0 {
+        while !ctx.queue.is_empty() {
             let Some(key) = futures::executor::block_on(ctx.queue.next()) else {
                 break;
             };

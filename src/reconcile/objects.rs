@@ -54,6 +54,10 @@ impl Cached for PodInfo {
     fn resource_version(&self) -> &str {
         &self.resource_version
     }
+    const LABEL_INDEXED: bool = true;
+    fn labels(&self) -> Option<&std::collections::BTreeMap<String, String>> {
+        Some(&self.labels)
+    }
 }
 
 /// managedFields are often the largest part of an object and nothing here reads

@@ -6,19 +6,22 @@
 //! the cache: what differs is counted by resource and kind, repaired, and the
 //! affected Services are reconciled.
 
+use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::core::v1::{Endpoints, Pod, Service};
 use kube::Api;
+use serde::de::DeserializeOwned;
 use tracing::{info, warn};
 
 use super::objects::without_managed_fields;
 use super::sync::{is_deletable, managed_by};
-use super::{Context, handlers};
+use super::{Context, Shared, handlers};
 use crate::desired::{self, PodInfo};
 use crate::error::Result;
-use crate::watch::{self, Cached, ListDiff};
+use crate::watch::list::{ListFailed, list_into_cache};
+use crate::watch::{Cached, Change, ListDiff};
 
 /// Where to list from: the whole cluster or one namespace.
 #[derive(Clone)]
@@ -42,44 +45,44 @@ fn record<T: Cached>(ctx: &Context, resource: &str, diff: &ListDiff<T>) {
         .inc_by(diff.deletion_candidates as u64);
 }
 
-/// One full resync. Errors leave the caches as they were (each resource's diff is
-/// applied whole or not at all) and are retried at the next interval.
+/// One full resync. Each resource is listed consistently and diffed into its
+/// cache page by page ([`list_into_cache`]), so a resync holds one page of
+/// objects on top of the caches, never a second copy of them. Errors are retried
+/// at the next interval; a list that fails midway turns nothing into a deletion
+/// candidate (the upserts of its pages so far stay: they passed the guard, and
+/// are handled like any other change).
 pub async fn resync_once(ctx: &Arc<Context>, apis: &Apis) -> Result<()> {
     let start = Instant::now();
-    let snap = watch::list_snapshot(&apis.services, apis.page_size, without_managed_fields).await?;
-    let diff = ctx.stores.services.write().apply_list_with_unknown(
-        snap.items,
-        &snap.resource_version,
-        &snap.unknown,
-    );
-    record(ctx, "services", &diff);
-    for change in &diff.changes {
-        handlers::on_service(ctx, change);
-    }
-
-    let snap =
-        watch::list_snapshot(&apis.pods, apis.page_size, |p: Pod| PodInfo::from_pod(&p)).await?;
-    let diff = ctx.stores.pods.write().apply_list_with_unknown(
-        snap.items,
-        &snap.resource_version,
-        &snap.unknown,
-    );
-    record(ctx, "pods", &diff);
-    for change in &diff.changes {
-        handlers::on_pod(ctx, change);
-    }
-
-    let snap =
-        watch::list_snapshot(&apis.endpoints, apis.page_size, without_managed_fields).await?;
-    let diff = ctx.stores.endpoints.write().apply_list_with_unknown(
-        snap.items,
-        &snap.resource_version,
-        &snap.unknown,
-    );
-    record(ctx, "endpoints", &diff);
-    for change in &diff.changes {
-        handlers::on_endpoints(ctx, change);
-    }
+    resync_resource(
+        ctx,
+        "services",
+        &apis.services,
+        apis.page_size,
+        without_managed_fields,
+        &ctx.stores.services,
+        |change| handlers::on_service(ctx, change),
+    )
+    .await?;
+    resync_resource(
+        ctx,
+        "pods",
+        &apis.pods,
+        apis.page_size,
+        |p: Pod| PodInfo::from_pod(&p),
+        &ctx.stores.pods,
+        |change| handlers::on_pod(ctx, change),
+    )
+    .await?;
+    resync_resource(
+        ctx,
+        "endpoints",
+        &apis.endpoints,
+        apis.page_size,
+        without_managed_fields,
+        &ctx.stores.endpoints,
+        |change| handlers::on_endpoints(ctx, change),
+    )
+    .await?;
 
     sweep(ctx, true);
     let elapsed = start.elapsed().as_secs_f64();
@@ -91,6 +94,38 @@ pub async fn resync_once(ctx: &Arc<Context>, apis: &Apis) -> Result<()> {
     ctx.metrics.last_successful_resync.set(now);
     info!(seconds = elapsed, "full resync diff done");
     Ok(())
+}
+
+/// Diffs one resource into its cache, records the drift and hands every change
+/// to `handle`, the changes of a list that failed midway included.
+async fn resync_resource<K, T>(
+    ctx: &Context,
+    resource: &str,
+    api: &Api<K>,
+    page_size: u32,
+    project: impl Fn(K) -> Option<T>,
+    store: &Shared<T>,
+    handle: impl Fn(&Change<T>),
+) -> Result<()>
+where
+    K: kube::Resource + DeserializeOwned + Clone + Debug,
+    T: Cached,
+{
+    let (diff, failed) = match list_into_cache(api, page_size, project, store.inner()).await {
+        Ok(diff) => (diff, None),
+        Err(failed) => {
+            let ListFailed { error, applied } = *failed;
+            (applied, Some(error))
+        }
+    };
+    record(ctx, resource, &diff);
+    for change in &diff.changes {
+        handle(change);
+    }
+    match failed {
+        None => Ok(()),
+        Some(error) => Err(error.into()),
+    }
 }
 
 /// Compares Services with Endpoints in the caches: Endpoints we manage whose

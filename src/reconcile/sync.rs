@@ -44,7 +44,12 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<()> {
                 ctx.trigger_times.forget(key);
                 // No Endpoints, nothing at stake: the tombstone can go without a
                 // live read (any later deletion of Endpoints reads live anyway).
-                let uid = ctx.stores.services.read().tombstone(key).map(|t| t.last_known.uid().to_string());
+                let uid = ctx
+                    .stores
+                    .services
+                    .read()
+                    .tombstone(key)
+                    .map(|t| t.last_known.uid().to_string());
                 if let Some(uid) = uid {
                     ctx.stores.services.write().confirm_deleted(key, &uid);
                 }
@@ -68,7 +73,8 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<()> {
     let mut pods: Vec<Arc<PodInfo>> = {
         let cache = ctx.stores.pods.read();
         cache
-            .in_namespace(&key.namespace)
+            .selector_candidates(&key.namespace, selector)
+            .into_iter()
             .filter(|p| desired::selector_matches(selector, &p.labels))
             .cloned()
             .collect()
@@ -121,12 +127,16 @@ async fn apply(
     } else {
         "create"
     };
-    if !ctx.writes_allowed() {
+    if ctx.mode == Mode::Audit {
         ctx.metrics
             .audit_divergences
             .with_label_values(&[verb])
             .inc();
         info!(%key, would = verb, "audit: Endpoints differ from what the Service and pods call for");
+        return Ok(());
+    }
+    if !ctx.writes_allowed() {
+        debug!(%key, "not the leader (any more): not writing");
         return Ok(());
     }
     let api: Api<Endpoints> = Api::namespaced(ctx.client.clone(), &key.namespace);
@@ -205,12 +215,16 @@ fn is_namespace_terminating(err: &kube::Error) -> bool {
 /// UID and resourceVersion makes the API refuse if the Endpoints were re-created
 /// or changed since we read them.
 async fn delete_endpoints(ctx: &Context, key: &ObjectKey, ep: &Endpoints) -> Result<()> {
-    if !ctx.writes_allowed() {
+    if ctx.mode == Mode::Audit {
         ctx.metrics
             .audit_divergences
             .with_label_values(&["delete"])
             .inc();
         info!(%key, "audit: Endpoints of a deleted Service would be deleted");
+        return Ok(());
+    }
+    if !ctx.writes_allowed() {
+        debug!(%key, "not the leader (any more): not deleting");
         return Ok(());
     }
     let api: Api<Endpoints> = Api::namespaced(ctx.client.clone(), &key.namespace);

@@ -16,6 +16,7 @@ use std::cmp::Ordering;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
+use super::index::LabelIndex;
 use super::rv::{ResumePoint, compare_rv, max_rv};
 
 pub use super::object::{
@@ -38,6 +39,8 @@ pub struct Cache<T: Cached> {
     list_rv: Option<String>,
     highest: ResumePoint,
     opaque_fallbacks: u64,
+    /// Live objects by label pair, for kinds that expose labels (pods).
+    labels: LabelIndex,
 }
 
 impl<T: Cached> Default for Cache<T> {
@@ -49,6 +52,7 @@ impl<T: Cached> Default for Cache<T> {
             list_rv: None,
             highest: ResumePoint::default(),
             opaque_fallbacks: 0,
+            labels: LabelIndex::default(),
         }
     }
 }
@@ -56,6 +60,52 @@ impl<T: Cached> Default for Cache<T> {
 impl<T: Cached> Cache<T> {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Every insertion into `live` goes through here, so the label index
+    /// never differs from it.
+    fn put_live(&mut self, key: ObjectKey, obj: Arc<T>) {
+        if let Some(old) = self.live.insert(key, obj.clone())
+            && let Some(labels) = old.labels()
+        {
+            self.labels
+                .remove(&old.key().namespace, &old.key().name, labels);
+        }
+        if let Some(labels) = obj.labels() {
+            let key = obj.key();
+            self.labels.insert(&key.namespace, &key.name, labels);
+        }
+    }
+
+    /// Every removal from `live` goes through here (see [`Cache::put_live`]).
+    fn drop_live(&mut self, key: &ObjectKey) {
+        if let Some(old) = self.live.remove(key)
+            && let Some(labels) = old.labels()
+        {
+            self.labels.remove(&key.namespace, &key.name, labels);
+        }
+    }
+
+    /// Live objects of `namespace` that may match `selector` (a superset; the
+    /// caller checks the selector). Without labels to index, or for an empty
+    /// selector, every object of the namespace.
+    pub fn selector_candidates<'a>(
+        &'a self,
+        namespace: &'a str,
+        selector: &BTreeMap<String, String>,
+    ) -> Vec<&'a Arc<T>> {
+        match self.labels.candidates(namespace, selector) {
+            Some(names) if T::LABEL_INDEXED => names
+                .into_iter()
+                .filter_map(|name| {
+                    self.live.get(&ObjectKey {
+                        namespace: namespace.to_string(),
+                        name: name.to_string(),
+                    })
+                })
+                .collect(),
+            _ => self.in_namespace(namespace).collect(),
+        }
     }
 
     /// Orders `a` against `b`; counts the cases where the guard has to fall
@@ -88,7 +138,7 @@ impl<T: Cached> Cache<T> {
                     return Outcome::Stale(StaleReason::AlreadyDeleted);
                 }
                 let obj = Arc::new(obj);
-                self.live.insert(key, obj.clone());
+                self.put_live(key, obj.clone());
                 Outcome::Applied(Change::Added(obj))
             }
         }
@@ -117,7 +167,7 @@ impl<T: Cached> Cache<T> {
                 Some(Ordering::Greater) | None,
             ) => {
                 let new = Arc::new(obj);
-                self.live.insert(key, new.clone());
+                self.put_live(key, new.clone());
                 Outcome::Applied(Change::Updated { old: cur, new })
             }
             (WatchEventKind::Added | WatchEventKind::Modified, false, _) => {
@@ -138,7 +188,7 @@ impl<T: Cached> Cache<T> {
     }
 
     fn tombstone_live(&mut self, key: ObjectKey, last: T, source: DeletionSource) -> Outcome<T> {
-        self.live.remove(&key);
+        self.drop_live(&key);
         let observed_rv = Some(last.resource_version().to_owned());
         let last_known = Arc::new(last);
         self.tombstones.insert(
@@ -183,7 +233,7 @@ impl<T: Cached> Cache<T> {
         self.tombstones.remove(&key);
         self.confirmed.remove(&key);
         let obj = Arc::new(obj);
-        self.live.insert(key, obj.clone());
+        self.put_live(key, obj.clone());
         Outcome::Applied(Change::Added(obj))
     }
 
@@ -234,7 +284,7 @@ impl<T: Cached> Cache<T> {
             match self.order(cur.resource_version(), list_rv) {
                 Some(Ordering::Greater) => diff.kept_newer += 1,
                 _ => {
-                    self.live.remove(&key);
+                    self.drop_live(&key);
                     self.tombstones.insert(
                         key,
                         Tombstone {
@@ -262,6 +312,17 @@ impl<T: Cached> Cache<T> {
         self.list_rv = Some(newest);
         self.highest.observe(list_rv);
         diff
+    }
+
+    /// Applies one item of a consistent list at `list_rv` exactly as
+    /// [`Cache::apply_list_with_unknown`] applies each of its items, and
+    /// nothing else: it never removes anything and does not record `list_rv`.
+    /// For lists applied page by page ([`ListDiffBuilder`](super::list::ListDiffBuilder)),
+    /// which end with `apply_list_with_unknown(vec![], list_rv, listed_keys)`.
+    pub fn apply_listed(&mut self, item: T, list_rv: &str) -> Outcome<T> {
+        self.highest.observe(item.resource_version());
+        let key = item.key();
+        self.list_item(key, item, list_rv)
     }
 
     fn list_item(&mut self, key: ObjectKey, item: T, list_rv: &str) -> Outcome<T> {

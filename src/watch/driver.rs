@@ -6,19 +6,18 @@ use std::fmt::Debug;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{AsyncBufReadExt, Stream, StreamExt};
 use kube::api::{Api, WatchParams};
-use kube::core::WatchEvent;
 use kube::runtime::watcher::DefaultBackoff;
 use serde::de::DeserializeOwned;
-use serde_json::Value;
+use serde_json::value::RawValue;
 use tokio::sync::{mpsc, watch};
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use super::cache::{Cache, Cached, Change, ListDiff, Outcome, Tombstone};
-use super::decode::{Listed, RawMeta, decode_items, decode_object, event_kind};
+use super::cache::{Cache, Cached, Change, ListDiff, Outcome, Tombstone, WatchEventKind};
+use super::decode::{Listed, RawMeta, WatchLine, decode_object, parse_watch_line};
 use super::error::{ApiErrorKind, WatchError};
-use super::list::{ListSnapshot, fetch_page, snapshot_of};
+use super::list::{ListSnapshot, decode_page, fetch_page, snapshot_of};
 use super::machine::{Action, Machine, PageOutcome, RestartReason};
 use super::observer::WatchObserver;
 use super::rv::RvObservation;
@@ -174,10 +173,9 @@ where
             page = fetch_page(client, request, limit, continue_token) => page,
             () = Self::stopped(&mut self.shutdown) => return Ok(Flow::Stop),
         };
-        match page {
+        match page.and_then(|body| decode_page(&body, &self.project)) {
             Ok(list) => {
-                let rv = list.metadata.resource_version.unwrap_or_default();
-                let entries = decode_items(list.items, &self.project);
+                let entries = list.items;
                 let bad = entries
                     .iter()
                     .filter(|e| matches!(e, Listed::Unknown(_)))
@@ -185,10 +183,11 @@ where
                 for _ in 0..bad {
                     self.ctx.observer.undecodable(self.resource());
                 }
-                match self
-                    .machine
-                    .on_list_page(entries, list.metadata.continue_, &rv)
-                {
+                match self.machine.on_list_page(
+                    entries,
+                    list.continue_token,
+                    &list.resource_version,
+                ) {
                     PageOutcome::More => {}
                     PageOutcome::Complete(done) => self.apply_list(snapshot_of(done))?,
                     PageOutcome::Invalid => {
@@ -297,7 +296,7 @@ where
         req.extensions_mut().insert("watch");
         debug!(resource_version = rv, "watch starting");
         let started = tokio::select! {
-            started = client.request_events::<Value>(req) => started,
+            started = watch_lines(client, req) => started,
             () = Self::stopped(&mut self.shutdown) => return Ok(Flow::Stop),
         };
         let stream = match started {
@@ -331,21 +330,7 @@ where
             };
             let restart = match next {
                 None => Some(self.machine.on_stream_end()),
-                Some(Ok(event)) => self.on_event(event)?,
-                Some(Err(kube::Error::Api(status))) if status.code == 0 => {
-                    // A line that is neither a watch event nor a real Status.
-                    self.undecodable(None, "unrecognised watch line");
-                    None
-                }
-                // A bare Status line (some proxies send one): same as ERROR.
-                Some(Err(kube::Error::Api(status))) => Some(
-                    self.machine
-                        .on_watch_error_event(status.code, &status.reason),
-                ),
-                Some(Err(kube::Error::SerdeError(err))) => {
-                    self.undecodable(None, &err.to_string());
-                    None
-                }
+                Some(Ok(line)) => self.on_line(&line)?,
                 Some(Err(err)) => {
                     warn!(error = %err, "watch stream broke");
                     Some(self.machine.on_connect_error())
@@ -378,24 +363,41 @@ where
         seen == RvObservation::Opaque
     }
 
-    fn on_event(&mut self, event: WatchEvent<Value>) -> Result<Option<RestartReason>, WatchError> {
-        let kind = event_kind(&event);
-        let raw = match event {
-            WatchEvent::Added(raw) | WatchEvent::Modified(raw) | WatchEvent::Deleted(raw) => raw,
-            WatchEvent::Bookmark(bookmark) => {
-                self.machine
-                    .on_bookmark(&bookmark.metadata.resource_version);
-                return Ok(None);
+    /// One line of the watch stream: split into event type and raw object,
+    /// then the object decoded straight from its text (see [`parse_watch_line`]).
+    fn on_line(&mut self, line: &str) -> Result<Option<RestartReason>, WatchError> {
+        match parse_watch_line(line) {
+            WatchLine::Object(kind, raw) => self.on_event(kind, raw),
+            WatchLine::Bookmark(rv) => {
+                self.machine.on_bookmark(&rv);
+                Ok(None)
             }
-            WatchEvent::Error(status) => {
+            WatchLine::Error(status) => {
                 warn!(code = status.code, reason = %status.reason, message = %status.message, "watch ERROR event; relisting");
-                return Ok(Some(
+                Ok(Some(
                     self.machine
                         .on_watch_error_event(status.code, &status.reason),
-                ));
+                ))
             }
-        };
-        let Some(kind) = kind else { return Ok(None) };
+            // A bare Status line (some proxies send one): same as ERROR.
+            WatchLine::Status(status) => Ok(Some(
+                self.machine
+                    .on_watch_error_event(status.code, &status.reason),
+            )),
+            // Neither a watch event nor a real Status.
+            WatchLine::Unrecognised(error) => {
+                self.undecodable(None, &error);
+                Ok(None)
+            }
+            WatchLine::Truncated => Ok(None),
+        }
+    }
+
+    fn on_event(
+        &mut self,
+        kind: WatchEventKind,
+        raw: &RawValue,
+    ) -> Result<Option<RestartReason>, WatchError> {
         let obj = match decode_object::<K, T>(raw, &self.project) {
             Ok(obj) => obj,
             Err(bad) => {
@@ -433,4 +435,67 @@ where
         }
         Ok(None)
     }
+}
+
+/// The lines of a WATCH response, framed and filtered as kube's
+/// `Client::request_events` does, but left undecoded: the driver splits each
+/// into its event type and raw object ([`parse_watch_line`]) instead of
+/// building a `WatchEvent<serde_json::Value>`.
+async fn watch_lines(
+    client: &kube::Client,
+    mut req: http::Request<Vec<u8>>,
+) -> Result<impl Stream<Item = Result<String, kube::Error>> + use<>, kube::Error> {
+    // As kube does: Kubernetes >= 1.37 gzips watch streams one member per
+    // event, which the decompression layer cannot read.
+    req.headers_mut()
+        .entry(http::header::ACCEPT_ENCODING)
+        .or_insert(http::HeaderValue::from_static("identity"));
+    let body = client.request_stream(req).await?;
+    Ok(body.lines().filter_map(|line| async move {
+        match line {
+            Ok(line) => Some(Ok(line)),
+            // Our client timeout, or an unexpected EOF from the chunked
+            // decoder or TLS (tends to happen after 300+ s): end the stream
+            // so that it is resumed.
+            Err(err) if err.kind() == std::io::ErrorKind::TimedOut => {
+                warn!(error = %err, "timeout in watch poll");
+                None
+            }
+            Err(err) if ends_like_eof(&err) => {
+                warn!(error = ?err, "eof in watch poll");
+                None
+            }
+            Err(err) => Some(Err(kube::Error::ReadEvents(err))),
+        }
+    }))
+}
+
+/// Whether a body read error is an unexpected EOF, however deeply nested
+/// (kube-client's own test for resumable watch ends).
+fn ends_like_eof(err: &std::io::Error) -> bool {
+    // HTTP and TLS stacks nest a handful of errors; stop on a cycle.
+    const MAX_SOURCE_DEPTH: usize = 16;
+    if err.kind() == std::io::ErrorKind::UnexpectedEof
+        || err.to_string().contains("unexpected EOF during chunk")
+    {
+        return true;
+    }
+    let mut current = err
+        .get_ref()
+        .map(|inner| inner as &(dyn std::error::Error + 'static));
+    for _ in 0..MAX_SOURCE_DEPTH {
+        let Some(err) = current else {
+            return false;
+        };
+        if let Some(io_err) = err.downcast_ref::<std::io::Error>()
+            && io_err.kind() == std::io::ErrorKind::UnexpectedEof
+        {
+            return true;
+        }
+        if err.to_string().contains("unexpected EOF during chunk") {
+            return true;
+        }
+        current = err.source();
+    }
+    false
 }

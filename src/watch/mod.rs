@@ -17,6 +17,7 @@ pub mod cache;
 pub mod decode;
 pub mod driver;
 pub mod error;
+pub mod index;
 pub mod list;
 pub mod machine;
 pub mod object;

@@ -10,6 +10,12 @@ pub trait Cached: Clone + Send + Sync + 'static {
     fn key(&self) -> ObjectKey;
     fn uid(&self) -> &str;
     fn resource_version(&self) -> &str;
+    /// Whether the cache keeps a label index of this kind (see [`Cached::labels`]).
+    const LABEL_INDEXED: bool = false;
+    /// Labels to index the cache by, for kinds looked up by selector.
+    fn labels(&self) -> Option<&std::collections::BTreeMap<String, String>> {
+        None
+    }
 }
 
 /// Namespace (empty for cluster-scoped objects) and name.

@@ -20,8 +20,10 @@
 //! while the thread is panicking: then the logs are kept, their paths and last
 //! lines printed to stderr. Set `EG_KEEP_CONTROLPLANE_DIR=1` to always keep it.
 
+pub mod bench;
 pub mod binaries;
 pub mod certs;
+pub mod chaos;
 mod etcd;
 mod kubeconfig;
 mod objects;
@@ -316,6 +318,33 @@ impl ControlPlane {
             apiserver.stop().await.context("stopping kube-apiserver")?;
         }
         self.start_apiserver().await
+    }
+
+    /// Stops kube-apiserver (SIGTERM, then SIGKILL after 15 s) and leaves it
+    /// stopped until [`ControlPlane::start_apiserver_again`]: clients see their
+    /// connections refused meanwhile.
+    pub async fn stop_apiserver(&mut self) -> Result<()> {
+        if let Some(mut apiserver) = self.apiserver.take() {
+            apiserver.stop().await.context("stopping kube-apiserver")?;
+        }
+        Ok(())
+    }
+
+    /// Starts kube-apiserver after [`ControlPlane::stop_apiserver`], same port,
+    /// certificates and etcd; waits until it is ready.
+    pub async fn start_apiserver_again(&mut self) -> Result<()> {
+        if self.apiserver.is_some() {
+            bail!("kube-apiserver is already running");
+        }
+        self.start_apiserver().await
+    }
+
+    /// Deletes one key straight from etcd, behind kube-apiserver's back: e.g.
+    /// `/registry/services/specs/<ns>/<name>`. With kube-apiserver stopped, no
+    /// watcher ever sees that DELETE — a lost delete, as in
+    /// shared/watch-failures.md (C). Returns how many keys were deleted.
+    pub async fn etcd_delete_key(&self, key: &str) -> Result<i64> {
+        etcd::delete_key(self.etcd_addr(), key).await
     }
 
     fn etcd_addr(&self) -> SocketAddr {
