@@ -89,9 +89,9 @@ pub async fn start(
     let mut tasks = JoinSet::new();
     tasks.spawn(serve);
 
-    let (svc_tx, mut svc_rx) = mpsc::unbounded_channel::<Change<Service>>();
-    let (pod_tx, mut pod_rx) = mpsc::unbounded_channel::<Change<PodInfo>>();
-    let (ep_tx, mut ep_rx) = mpsc::unbounded_channel::<Change<Endpoints>>();
+    let (svc_tx, svc_rx) = mpsc::unbounded_channel::<Change<Service>>();
+    let (pod_tx, pod_rx) = mpsc::unbounded_channel::<Change<PodInfo>>();
+    let (ep_tx, ep_rx) = mpsc::unbounded_channel::<Change<Endpoints>>();
     let (svc_synced_tx, mut svc_synced) = signal::channel(false);
     let (pod_synced_tx, mut pod_synced) = signal::channel(false);
     let (ep_synced_tx, mut ep_synced) = signal::channel(false);
@@ -139,33 +139,27 @@ pub async fn start(
 
     // Changes become queue keys as they arrive; each resource has its own task so
     // a burst of pod changes never delays Service changes.
-    {
-        let ctx = ctx.clone();
-        tasks.spawn(async move {
-            while let Some(change) = svc_rx.recv().await {
-                handlers::on_service(&ctx, &change);
-                record_cache_size(&ctx, "services", &ctx.stores.services);
-            }
-        });
-    }
-    {
-        let ctx = ctx.clone();
-        tasks.spawn(async move {
-            while let Some(change) = pod_rx.recv().await {
-                handlers::on_pod(&ctx, &change);
-                record_cache_size(&ctx, "pods", &ctx.stores.pods);
-            }
-        });
-    }
-    {
-        let ctx = ctx.clone();
-        tasks.spawn(async move {
-            while let Some(change) = ep_rx.recv().await {
-                handlers::on_endpoints(&ctx, &change);
-                record_cache_size(&ctx, "endpoints", &ctx.stores.endpoints);
-            }
-        });
-    }
+    tasks.spawn(dispatch(
+        ctx.clone(),
+        svc_rx,
+        "services",
+        |c| &c.stores.services,
+        |ctx, change| handlers::on_service(ctx, change),
+    ));
+    tasks.spawn(dispatch(
+        ctx.clone(),
+        pod_rx,
+        "pods",
+        |c| &c.stores.pods,
+        |ctx, change| handlers::on_pod(ctx, change),
+    ));
+    tasks.spawn(dispatch(
+        ctx.clone(),
+        ep_rx,
+        "endpoints",
+        |c| &c.stores.endpoints,
+        handlers::on_endpoints,
+    ));
 
     let workers = cfg.workers;
     let resync_interval = cfg.resync_interval;
@@ -231,6 +225,21 @@ pub async fn start(
         },
         main,
     ))
+}
+
+/// Hands each change of one cache to its handler, in order, and keeps that
+/// cache's size gauges current.
+async fn dispatch<T: Cached>(
+    ctx: Arc<Context>,
+    mut changes: mpsc::UnboundedReceiver<Change<T>>,
+    resource: &'static str,
+    cache: fn(&Context) -> &Shared<T>,
+    handle: fn(&Arc<Context>, &Change<T>),
+) {
+    while let Some(change) = changes.recv().await {
+        handle(&ctx, &change);
+        record_cache_size(&ctx, resource, cache(&ctx));
+    }
 }
 
 /// Keeps `endpoints_guard_cache_objects` and `endpoints_guard_cache_tombstones` current.

@@ -269,7 +269,7 @@ impl<T: Cached> Cache<T> {
             let key = item.key();
             seen.insert(key.clone());
             let outcome = self.list_item(key, item, list_rv);
-            record(&mut diff, outcome);
+            diff.record(outcome);
         }
         // Missing from the list: a deletion candidate only if the list is at
         // least as new as our copy. A newer copy was created (or changed)
@@ -466,20 +466,5 @@ impl<T: Cached> Cache<T> {
     /// How many times the guard had to accept an opaque RV it could not order.
     pub fn opaque_rv_count(&self) -> u64 {
         self.opaque_fallbacks
-    }
-}
-
-fn record<T>(diff: &mut ListDiff<T>, outcome: Outcome<T>) {
-    match outcome {
-        Outcome::Applied(change) => {
-            match &change {
-                Change::Added(_) => diff.added += 1,
-                Change::Updated { .. } => diff.updated += 1,
-                Change::DeletionCandidate(_) => diff.deletion_candidates += 1,
-            }
-            diff.changes.push(change);
-        }
-        Outcome::Stale(reason) => diff.stale.push(reason),
-        Outcome::Unchanged => diff.unchanged += 1,
     }
 }

@@ -10,7 +10,7 @@ use kube::runtime::watcher::DefaultBackoff;
 use serde::de::DeserializeOwned;
 use tracing::warn;
 
-use super::cache::{Cache, Cached, Change, ListDiff, ObjectKey, Outcome};
+use super::cache::{Cache, Cached, ListDiff, ObjectKey};
 use super::decode::{Listed, RawList, decode_items};
 use super::error::{ApiErrorKind, WatchError};
 use super::machine::{Action, CompletedList, Machine, PageOutcome, RestartReason};
@@ -273,7 +273,7 @@ impl<T: Cached> ListDiffBuilder<T> {
             match entry {
                 Listed::Item(obj) => {
                     self.listed.insert(obj.key());
-                    record(&mut self.diff, cache.apply_listed(obj, &list_rv));
+                    self.diff.record(cache.apply_listed(obj, &list_rv));
                 }
                 Listed::Unknown(key) => {
                     self.undecodable += 1;
@@ -333,21 +333,6 @@ impl<T: Cached> ListDiffBuilder<T> {
     /// deletion candidate.
     pub fn abort(self) -> ListDiff<T> {
         self.diff
-    }
-}
-
-fn record<T>(diff: &mut ListDiff<T>, outcome: Outcome<T>) {
-    match outcome {
-        Outcome::Applied(change) => {
-            match &change {
-                Change::Added(_) => diff.added += 1,
-                Change::Updated { .. } => diff.updated += 1,
-                Change::DeletionCandidate(_) => diff.deletion_candidates += 1,
-            }
-            diff.changes.push(change);
-        }
-        Outcome::Stale(reason) => diff.stale.push(reason),
-        Outcome::Unchanged => diff.unchanged += 1,
     }
 }
 
@@ -428,7 +413,7 @@ mod tests {
     //! page, plus what only pages can do (abort, restart, disagreeing RVs).
 
     use super::*;
-    use crate::watch::cache::{DeletionSource, StaleReason, WatchEventKind::*};
+    use crate::watch::cache::{Change, DeletionSource, StaleReason, WatchEventKind::*};
     use crate::watch::testutil::{Obj, key, obj};
 
     fn cache_with(items: Vec<Obj>, list_rv: &str) -> Cache<Obj> {

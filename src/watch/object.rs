@@ -166,6 +166,24 @@ pub struct ListDiff<T> {
     pub kept_newer: usize,
 }
 
+impl<T> ListDiff<T> {
+    /// Counts one item's outcome and keeps its change.
+    pub fn record(&mut self, outcome: Outcome<T>) {
+        match outcome {
+            Outcome::Applied(change) => {
+                match &change {
+                    Change::Added(_) => self.added += 1,
+                    Change::Updated { .. } => self.updated += 1,
+                    Change::DeletionCandidate(_) => self.deletion_candidates += 1,
+                }
+                self.changes.push(change);
+            }
+            Outcome::Stale(reason) => self.stale.push(reason),
+            Outcome::Unchanged => self.unchanged += 1,
+        }
+    }
+}
+
 impl<T> Default for ListDiff<T> {
     fn default() -> Self {
         Self {
