@@ -21,7 +21,7 @@ use eg_testsupport::chaos::{ChaosProxy, Expected, Observer, Row, watch_convergen
 use eg_testsupport::{
     ControlPlane, ControlPlaneOptions, PodBuilder, PodStatusSpec, Process, ServiceBuilder,
 };
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Endpoints, Service};
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use scenarios::{note, scenario};
@@ -378,4 +378,131 @@ async fn failed_write_event_is_published_even_for_long_errors() {
     .await;
     guard.stop().await;
     found.expect("the failed write is reported as an Event");
+}
+
+/// Audit mode observes the upstream controller deleting Endpoints of a live
+/// Service. kube-controller-manager's endpoints controller runs behind
+/// watch-chaos and gets failure A on command (the steps of the
+/// `failure-a-old-delete-of-live-service` scenario): an old DELETE of the
+/// live Service `long` is replayed to it, so it deletes `long`'s Endpoints
+/// and never re-creates them. endpoints-guard runs in audit mode straight to
+/// kube-apiserver (not through the proxy), started once the namespace has
+/// settled so that only the fault can move its counter: it must count the
+/// deletion and write nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn audit_mode_observes_upstream_deleting_endpoints_of_live_service() -> Result<()> {
+    let started = std::time::Instant::now();
+    let mut env = Env::new(Which::Kcm, ControlPlaneOptions::default()).await?;
+    let observer = Observer::start(&env.cp.client(), NS);
+    env.start_controller().await?;
+    env.service_with_pod("long", "10.1.0.1").await?;
+    let expected = env.churn().await?.service("long", &["10.1.0.1"]);
+    env.settle(&expected).await?;
+
+    let guard = Guard::start(
+        env.cp.client(),
+        &["--mode", "audit", "--resync-interval", "0"],
+    )
+    .await?;
+    wait_ready(&guard).await?;
+    const OBSERVED: &str = "endpoints_guard_observed_spurious_deletions_total";
+    assert_eq!(
+        guard.metric(OBSERVED),
+        0.0,
+        "nothing spurious happened before the fault"
+    );
+
+    let uid_before = Api::<Service>::namespaced(env.cp.client(), NS)
+        .get("long")
+        .await?
+        .metadata
+        .uid;
+    env.proxy
+        .post(
+            "/actions/replay-old-delete",
+            json!({"resource": "services", "namespace": NS, "name": "long", "pace_ms": 400}),
+        )
+        .await?;
+
+    // (1) Upstream really deleted the Endpoints of the live Service: the
+    // independent watches saw the DELETE while `long` existed, and they are
+    // still gone while the Service is still there.
+    common::eventually(
+        Duration::from_secs(30),
+        "upstream to delete the Endpoints of the live Service long",
+        || async {
+            let spurious = observer.spurious_deletions();
+            Ok(spurious
+                .iter()
+                .any(|s| s.starts_with("long at "))
+                .then_some(()))
+        },
+    )
+    .await?;
+
+    // (2) endpoints-guard counted it.
+    common::eventually(
+        Duration::from_secs(30),
+        "endpoints-guard to count the deletion",
+        || async { Ok((guard.metric(OBSERVED) >= 1.0).then_some(())) },
+    )
+    .await
+    .with_context(|| format!("metrics:\n{}", guard.metrics_text()))?;
+
+    let service = Api::<Service>::namespaced(env.cp.client(), NS)
+        .get_opt("long")
+        .await?;
+    assert_eq!(
+        service.and_then(|s| s.metadata.uid),
+        uid_before,
+        "Service long is still the same live Service"
+    );
+    let endpoints = Api::<Endpoints>::namespaced(env.cp.client(), NS)
+        .get_opt("long")
+        .await?;
+    assert!(
+        endpoints.is_none(),
+        "upstream never re-creates the Endpoints (and audit mode did not either): {endpoints:?}"
+    );
+
+    // (3) endpoints-guard wrote nothing.
+    for verb in ["create", "update", "delete"] {
+        assert_eq!(
+            guard.metric(&format!(
+                "endpoints_guard_endpoints_writes_total{{verb=\"{verb}\"}}"
+            )),
+            0.0,
+            "audit mode wrote ({verb})"
+        );
+    }
+    eprintln!(
+        "audit observed {} spurious deletion(s); upstream's: {:?}; {:.1}s",
+        guard.metric(OBSERVED),
+        observer.spurious_deletions(),
+        started.elapsed().as_secs_f64()
+    );
+    guard.stop().await;
+    env.stop_controller().await;
+    Ok(())
+}
+
+/// Waits until the in-process endpoints-guard answers `/readyz` (caches
+/// synced), so that it sees the fault as a watch event.
+async fn wait_ready(guard: &Guard) -> Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = guard.running.metrics_addr;
+    common::eventually(
+        Duration::from_secs(30),
+        "endpoints-guard /readyz",
+        || async move {
+            let mut stream = tokio::net::TcpStream::connect(addr).await?;
+            stream
+                .write_all(b"GET /readyz HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+                .await?;
+            let mut answer = String::new();
+            stream.read_to_string(&mut answer).await?;
+            Ok((answer.split_whitespace().nth(1) == Some("200")).then_some(()))
+        },
+    )
+    .await
 }
