@@ -11,25 +11,13 @@ use std::time::Duration;
 
 use common::{Guard, eventually};
 use eg_testsupport::{
-    ControlPlane, ControlPlaneOptions, PodBuilder, PodStatusSpec, ServiceBuilder,
+    ControlPlane, ControlPlaneOptions, PodBuilder, PodStatusSpec, ServiceBuilder, ready_ips,
 };
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use kube::Api;
 use kube::api::DeleteParams;
 
 const TIMEOUT: Duration = Duration::from_secs(60);
-
-fn ips(ep: &Endpoints) -> Vec<String> {
-    let mut out: Vec<String> = ep
-        .subsets
-        .iter()
-        .flatten()
-        .flat_map(|s| s.addresses.iter().flatten())
-        .map(|a| a.ip.clone())
-        .collect();
-    out.sort();
-    out
-}
 
 async fn get_ep(cp: &ControlPlane, ns: &str, name: &str) -> anyhow::Result<Option<Endpoints>> {
     Ok(Api::<Endpoints>::namespaced(cp.client(), ns)
@@ -47,7 +35,11 @@ async fn wait_ips(
     eventually(
         TIMEOUT,
         &format!("Endpoints {ns}/{name} with {want:?}"),
-        || async { Ok(get_ep(cp, ns, name).await?.filter(|ep| ips(ep) == want)) },
+        || async {
+            Ok(get_ep(cp, ns, name)
+                .await?
+                .filter(|ep| ready_ips(ep) == want))
+        },
     )
     .await
 }

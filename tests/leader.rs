@@ -15,7 +15,7 @@ use anyhow::{Context, Result, bail};
 use common::{eventually, metric_value};
 use eg_testsupport::process::{Process, free_ports};
 use eg_testsupport::{
-    ControlPlane, ControlPlaneOptions, PodBuilder, PodStatusSpec, ServiceBuilder,
+    ControlPlane, ControlPlaneOptions, PodBuilder, PodStatusSpec, ServiceBuilder, ready_ips,
 };
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Endpoints;
@@ -100,25 +100,13 @@ struct Sample {
     b: Option<(bool, f64)>,
 }
 
-fn ips(ep: &Endpoints) -> Vec<String> {
-    let mut out: Vec<String> = ep
-        .subsets
-        .iter()
-        .flatten()
-        .flat_map(|s| s.addresses.iter().flatten())
-        .map(|a| a.ip.clone())
-        .collect();
-    out.sort();
-    out
-}
-
 async fn wait_ips(cp: &ControlPlane, want: &[&str], timeout: Duration) -> Result<()> {
     let api: Api<Endpoints> = Api::namespaced(cp.client(), NS);
     eventually(timeout, &format!("{NS}/web with {want:?}"), || async {
         Ok(api
             .get_opt("web")
             .await?
-            .filter(|ep| ips(ep) == want)
+            .filter(|ep| ready_ips(ep) == want)
             .map(|_| ()))
     })
     .await
@@ -372,7 +360,7 @@ async fn a_lease_taken_by_another_holder_stops_writes_at_once() -> Result<()> {
     let ep = Api::<Endpoints>::namespaced(cp.client(), NS)
         .get("web")
         .await?;
-    assert_eq!(ips(&ep), ["10.2.0.1"]);
+    assert_eq!(ready_ips(&ep), ["10.2.0.1"]);
     instance.process.ensure_running()?;
     instance.process.stop().await?;
     Ok(())

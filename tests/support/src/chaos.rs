@@ -365,16 +365,7 @@ impl Expected {
         let got: BTreeMap<String, BTreeSet<String>> = all
             .items
             .iter()
-            .map(|ep| {
-                let ips = ep
-                    .subsets
-                    .iter()
-                    .flatten()
-                    .flat_map(|s| s.addresses.iter().flatten())
-                    .map(|a| a.ip.clone())
-                    .collect();
-                (ep.name_any(), ips)
-            })
+            .map(|ep| (ep.name_any(), crate::ready_ips(ep).into_iter().collect()))
             .collect();
         let mut wrong = Vec::new();
         for (name, ips) in &self.ready {

@@ -43,7 +43,7 @@ use tempfile::TempDir;
 
 pub use binaries::Binaries;
 pub use certs::{ADMIN_USER, Pki};
-pub use objects::{PodBuilder, PodStatusSpec, ServiceBuilder};
+pub use objects::{PodBuilder, PodStatusSpec, ServiceBuilder, ready_ips};
 pub use process::Process;
 
 use crate::kubeconfig::Credentials;

@@ -345,6 +345,20 @@ impl ServiceBuilder {
     }
 }
 
+/// The ready addresses of an Endpoints object, sorted: what most end-to-end
+/// checks compare.
+pub fn ready_ips(ep: &k8s_openapi::api::core::v1::Endpoints) -> Vec<String> {
+    let mut ips: Vec<String> = ep
+        .subsets
+        .iter()
+        .flatten()
+        .flat_map(|s| s.addresses.iter().flatten())
+        .map(|a| a.ip.clone())
+        .collect();
+    ips.sort();
+    ips
+}
+
 impl ControlPlane {
     /// Creates a namespace.
     pub async fn create_namespace(&self, name: &str) -> Result<Namespace> {
