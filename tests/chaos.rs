@@ -132,19 +132,12 @@ impl Env {
 
     async fn pod(&self, name: &str, app: &str, ip: &str, ready: bool) -> Result<()> {
         self.cp
-            .create_pod(
-                PodBuilder::new(NS, name)
-                    .label("app", app)
-                    .container_port("http", 8080, "TCP")
-                    .node_name("node-a"),
+            .create_pod_with_status(
+                PodBuilder::serving(NS, name, app),
+                PodStatusSpec::running([ip], ready),
             )
-            .await?;
-        let status = if ready {
-            PodStatusSpec::ready([ip])
-        } else {
-            PodStatusSpec::not_ready([ip])
-        };
-        self.cp.set_pod_status(NS, name, status).await.map(drop)
+            .await
+            .map(drop)
     }
 
     async fn set_selector(&self, name: &str, app: &str) -> Result<()> {

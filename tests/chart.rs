@@ -461,15 +461,11 @@ async fn helm_install_then_run_with_the_charts_service_account() -> Result<()> {
             .port("http", 80, 8080, "TCP"),
     )
     .await?;
-    cp.create_pod(
-        PodBuilder::new("demo", "web-0")
-            .node_name("node-a")
-            .label("app", "web")
-            .container_port("http", 8080, "TCP"),
+    cp.create_pod_with_status(
+        PodBuilder::serving("demo", "web-0", "web"),
+        PodStatusSpec::ready(["10.1.0.5"]),
     )
     .await?;
-    cp.set_pod_status("demo", "web-0", PodStatusSpec::ready(["10.1.0.5"]))
-        .await?;
 
     let token_kubeconfig = cp.kubeconfig_for_token("chart-sa", &token)?;
     let port = free_port()?;

@@ -67,15 +67,11 @@ async fn service_with_pods(
     .await?;
     for (i, ip) in ips.iter().enumerate() {
         let pod = format!("{name}-{i}");
-        cp.create_pod(
-            PodBuilder::new(ns, &pod)
-                .label("app", name)
-                .container_port("http", 8080, "TCP")
-                .node_name("node-a"),
+        cp.create_pod_with_status(
+            PodBuilder::serving(ns, &pod, name),
+            PodStatusSpec::ready([*ip]),
         )
         .await?;
-        cp.set_pod_status(ns, &pod, PodStatusSpec::ready([*ip]))
-            .await?;
     }
     Ok(())
 }

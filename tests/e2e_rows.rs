@@ -73,19 +73,15 @@ async fn pod(
     b: PodBuilder,
     status: Option<PodStatusSpec>,
 ) -> anyhow::Result<Pod> {
-    let p = cp.create_pod(b.node_name("node-a")).await?;
-    let name = p.metadata.name.clone().unwrap_or_default();
-    let ns = p.metadata.namespace.clone().unwrap_or_default();
+    let b = b.node_name("node-a");
     match status {
-        Some(s) => cp.set_pod_status(&ns, &name, s).await,
-        None => Ok(p),
+        Some(s) => cp.create_pod_with_status(b, s).await,
+        None => cp.create_pod(b).await,
     }
 }
 
 fn web(ns: &str, name: &str) -> PodBuilder {
-    PodBuilder::new(ns, name)
-        .label("app", "web")
-        .container_port("http", 8080, "TCP")
+    PodBuilder::serving(ns, name, "web")
 }
 
 fn web_service(ns: &str) -> ServiceBuilder {

@@ -113,15 +113,11 @@ async fn wait_ips(cp: &ControlPlane, want: &[&str], timeout: Duration) -> Result
 }
 
 async fn add_ready_pod(cp: &ControlPlane, name: &str, ip: &str) -> Result<()> {
-    cp.create_pod(
-        PodBuilder::new(NS, name)
-            .label("app", "web")
-            .node_name("node-a")
-            .container_port("http", 8080, "TCP"),
+    cp.create_pod_with_status(
+        PodBuilder::serving(NS, name, "web"),
+        PodStatusSpec::ready([ip]),
     )
     .await?;
-    cp.set_pod_status(NS, name, PodStatusSpec::ready([ip]))
-        .await?;
     Ok(())
 }
 

@@ -48,6 +48,15 @@ impl PodBuilder {
         Self { pod }
     }
 
+    /// The pod most tests need: label `app`, container port `http` 8080/TCP,
+    /// scheduled on `node-a` (a pod with an IP is always on a node).
+    pub fn serving(namespace: &str, name: &str, app: &str) -> Self {
+        Self::new(namespace, name)
+            .label("app", app)
+            .container_port("http", 8080, "TCP")
+            .node_name("node-a")
+    }
+
     /// Adds a label.
     pub fn label(mut self, key: &str, value: &str) -> Self {
         self.pod
@@ -198,12 +207,17 @@ impl PodStatusSpec {
         }
     }
 
-    /// Running but not Ready, with these IPs.
-    pub fn not_ready<S: Into<String>>(ips: impl IntoIterator<Item = S>) -> Self {
+    /// Running with these IPs, Ready or not.
+    pub fn running<S: Into<String>>(ips: impl IntoIterator<Item = S>, ready: bool) -> Self {
         Self {
-            ready: false,
+            ready,
             ..Self::ready(ips)
         }
+    }
+
+    /// Running but not Ready, with these IPs.
+    pub fn not_ready<S: Into<String>>(ips: impl IntoIterator<Item = S>) -> Self {
+        Self::running(ips, false)
     }
 
     /// The same with another phase.
@@ -385,6 +399,18 @@ impl ControlPlane {
             .create(&PostParams::default(), &pod)
             .await
             .with_context(|| format!("creating pod {namespace}/{name}"))
+    }
+
+    /// Creates the pod and writes its status, as a kubelet would once it runs.
+    pub async fn create_pod_with_status(
+        &self,
+        builder: PodBuilder,
+        status: PodStatusSpec,
+    ) -> Result<Pod> {
+        let pod = self.create_pod(builder).await?;
+        let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        self.set_pod_status(&namespace, &name, status).await
     }
 
     /// Writes the pod's phase, IPs and Ready/ContainersReady conditions

@@ -214,14 +214,7 @@ impl Workload {
     /// statuses; finally deletes (gracefully) every 8th pod, which stays
     /// terminating because no kubelet runs.
     pub async fn create(&self, client: &Client) -> Result<()> {
-        let ns_api: Api<Namespace> = Api::all(client.clone());
-        for ns in &self.namespaces {
-            let obj: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}}))?;
-            ns_api
-                .create(&PostParams::default(), &obj)
-                .await
-                .with_context(|| format!("creating namespace {ns}"))?;
-        }
+        create_namespaces(client, &self.namespaces).await?;
         let parallel = 16;
         stream::iter(self.services.iter().map(Ok))
             .try_for_each_concurrent(parallel, |svc| async move {
@@ -395,6 +388,18 @@ fn pod_shape<'a>(kind: usize, ns: &'a str, svc: &str, app: &str, p: usize) -> Po
         hostname,
         subdomain,
     }
+}
+
+/// Creates each namespace named.
+pub async fn create_namespaces(client: &Client, names: &[String]) -> Result<()> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    for ns in names {
+        let obj: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}}))?;
+        api.create(&PostParams::default(), &obj)
+            .await
+            .with_context(|| format!("creating namespace {ns}"))?;
+    }
+    Ok(())
 }
 
 /// Reads every Endpoints object the workload's namespaces hold, keyed "ns/name".

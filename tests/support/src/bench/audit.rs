@@ -103,15 +103,7 @@ pub fn by_verb(
     from: SystemTime,
     to: SystemTime,
 ) -> BTreeMap<String, u64> {
-    let (from, to) = (epoch_ns(from), epoch_ns(to));
-    let mut counts = BTreeMap::new();
-    for r in requests
-        .iter()
-        .filter(|r| r.user == user && r.received_ns >= from && r.received_ns < to)
-    {
-        *counts.entry(r.verb.clone()).or_insert(0) += 1;
-    }
-    counts
+    count_by(requests, user, from, to, |r| r.verb.clone())
 }
 
 /// Requests of `user` received in `[from, to)`, by "verb resource".
@@ -121,15 +113,25 @@ pub fn by_verb_and_resource(
     from: SystemTime,
     to: SystemTime,
 ) -> BTreeMap<String, u64> {
+    count_by(requests, user, from, to, |r| {
+        format!("{} {}", r.verb, r.resource)
+    })
+}
+
+fn count_by(
+    requests: &[Request],
+    user: &str,
+    from: SystemTime,
+    to: SystemTime,
+    key: impl Fn(&Request) -> String,
+) -> BTreeMap<String, u64> {
     let (from, to) = (epoch_ns(from), epoch_ns(to));
     let mut counts = BTreeMap::new();
     for r in requests
         .iter()
         .filter(|r| r.user == user && r.received_ns >= from && r.received_ns < to)
     {
-        *counts
-            .entry(format!("{} {}", r.verb, r.resource))
-            .or_insert(0) += 1;
+        *counts.entry(key(r)).or_insert(0) += 1;
     }
     counts
 }

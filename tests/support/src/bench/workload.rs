@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use futures::{TryStreamExt, stream};
-use k8s_openapi::api::core::v1::{Endpoints, Namespace, Pod, Service};
+use k8s_openapi::api::core::v1::{Endpoints, Pod, Service};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
@@ -128,14 +128,7 @@ impl BenchWorkload {
     /// `parallel` requests in flight; returns how long it took.
     pub async fn create(&self, client: &Client, parallel: usize) -> Result<Duration> {
         let start = Instant::now();
-        let ns_api: Api<Namespace> = Api::all(client.clone());
-        for ns in &self.namespaces {
-            let obj: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}}))?;
-            ns_api
-                .create(&PostParams::default(), &obj)
-                .await
-                .with_context(|| format!("creating namespace {ns}"))?;
-        }
+        crate::workload::create_namespaces(client, &self.namespaces).await?;
         stream::iter(self.services.iter().enumerate().map(Ok))
             .try_for_each_concurrent(parallel, |(s, (ns, name))| async move {
                 let svc: Service = serde_json::from_value(json!({

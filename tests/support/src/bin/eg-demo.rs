@@ -130,15 +130,11 @@ async fn replay_failure_a(cp: &ControlPlane) -> Result<()> {
             )
             .await?;
             let pod = format!("{name}-0");
-            cp.create_pod(
-                PodBuilder::new(ns, &pod)
-                    .label("app", name)
-                    .container_port("http", 8080, "TCP")
-                    .node_name("node-a"),
+            cp.create_pod_with_status(
+                PodBuilder::serving(ns, &pod, name),
+                PodStatusSpec::ready([ip]),
             )
             .await?;
-            cp.set_pod_status(ns, &pod, PodStatusSpec::ready([ip]))
-                .await?;
             if name == "b" {
                 tokio::time::sleep(Duration::from_millis(300)).await;
                 Api::<k8s_openapi::api::core::v1::Service>::namespaced(cp.client(), ns)
@@ -317,19 +313,11 @@ async fn main() -> Result<()> {
         ("web-1", "10.0.0.11", true),
         ("web-2", "10.0.0.12", false),
     ] {
-        cp.create_pod(
-            PodBuilder::new("demo", name)
-                .label("app", "web")
-                .container_port("http", 8080, "TCP")
-                .node_name("node-a"),
+        cp.create_pod_with_status(
+            PodBuilder::serving("demo", name, "web"),
+            PodStatusSpec::running([ip], ready),
         )
         .await?;
-        let status = if ready {
-            PodStatusSpec::ready([ip])
-        } else {
-            PodStatusSpec::not_ready([ip])
-        };
-        cp.set_pod_status("demo", name, status).await?;
         println!(
             "    pod {name} ip {ip} {}",
             if ready { "Ready" } else { "not ready" }
