@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use k8s_openapi::api::core::v1::{Endpoints, Pod, Service};
+use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::{Api, Client};
 use tokio::sync::{mpsc, watch as signal};
@@ -16,7 +16,7 @@ use crate::config::Config;
 use crate::desired::PodInfo;
 use crate::error::Result;
 use crate::metrics::Metrics;
-use crate::reconcile::objects::without_managed_fields;
+use crate::reconcile::objects::{CachedEndpoints, without_managed_fields};
 use crate::reconcile::queue::Retry;
 use crate::reconcile::resync::{self, Apis};
 use crate::reconcile::{Context, Shared, Stores, WorkQueue, handlers, sync};
@@ -91,7 +91,7 @@ pub async fn start(
 
     let (svc_tx, svc_rx) = mpsc::unbounded_channel::<Change<Service>>();
     let (pod_tx, pod_rx) = mpsc::unbounded_channel::<Change<PodInfo>>();
-    let (ep_tx, ep_rx) = mpsc::unbounded_channel::<Change<Endpoints>>();
+    let (ep_tx, ep_rx) = mpsc::unbounded_channel::<Change<CachedEndpoints>>();
     let (svc_synced_tx, mut svc_synced) = signal::channel(false);
     let (pod_synced_tx, mut pod_synced) = signal::channel(false);
     let (ep_synced_tx, mut ep_synced) = signal::channel(false);
@@ -126,7 +126,7 @@ pub async fn start(
     )));
     tasks.spawn(log_exit(watch::run(
         apis.endpoints.clone(),
-        without_managed_fields::<Endpoints>,
+        CachedEndpoints::new,
         WatchContext {
             config: config("endpoints"),
             cache: stores.endpoints.inner().clone(),

@@ -23,6 +23,15 @@ pub enum Error {
     #[error(transparent)]
     Watch(#[from] crate::watch::WatchError),
 
+    /// An object kept in a cache as JSON did not decode again.
+    #[error("decoding {what} {key}: {source}")]
+    Decode {
+        what: &'static str,
+        key: String,
+        #[source]
+        source: serde_json::Error,
+    },
+
     /// Configuration that cannot work (bad flag value, bad kubeconfig).
     #[error("configuration: {0}")]
     Config(String),
@@ -58,6 +67,7 @@ impl Error {
             },
             Error::Conflict { .. } => "conflict",
             Error::Watch(_) => "watch",
+            Error::Decode { .. } => "decode",
             Error::Config(_) => "config",
             Error::Server { .. } => "server",
         }

@@ -43,8 +43,9 @@ fn http_service() -> Service {
     service(vec![service_port("http", 80, Some(IntOrString::Int(8080)))])
 }
 
-fn compute(svc: &Service, pods: &[PodInfo]) -> Vec<EndpointSubset> {
-    let refs: Vec<&PodInfo> = pods.iter().collect();
+fn compute(svc: &Service, pods: &[PodFields]) -> Vec<EndpointSubset> {
+    let packed: Vec<PodInfo> = pods.iter().map(PodFields::pack).collect();
+    let refs: Vec<&PodInfo> = packed.iter().collect();
     compute_subsets(svc, &refs).subsets
 }
 
@@ -101,7 +102,7 @@ fn pod_filtering_and_placement() {
     let svc = http_service();
     let mut publishing = http_service();
     spec_mut(&mut publishing).publish_not_ready_addresses = Some(true);
-    let with = |f: fn(&mut PodInfo)| {
+    let with = |f: fn(&mut PodFields)| {
         let mut p = pod("a", "10.0.0.1");
         f(&mut p);
         p
@@ -317,7 +318,7 @@ fn address_fields() {
     let svc = http_service();
     let mut headless = http_service();
     spec_mut(&mut headless).cluster_ip = Some("None".into());
-    let with = |f: fn(&mut PodInfo)| {
+    let with = |f: fn(&mut PodFields)| {
         let mut p = pod("a", "10.0.0.1");
         p.hostname = Some("web-0".into());
         p.subdomain = Some("web".into());
@@ -398,7 +399,7 @@ fn address_fields() {
 #[test]
 fn output_is_independent_of_pod_order() {
     let svc = http_service();
-    let mut pods: Vec<PodInfo> = (1..=20)
+    let mut pods: Vec<PodFields> = (1..=20)
         .map(|i| pod(&format!("p{i}"), &format!("10.0.0.{i}")))
         .collect();
     pods.iter_mut().step_by(3).for_each(|p| p.ready = false);

@@ -9,7 +9,9 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::*;
 use crate::desired::testkit::{address, pod, pod_ref, service, service_port, spec_mut, subset};
-use crate::desired::{MANAGER, MAX_ADDRESSES, PodInfo, UPSTREAM_MANAGER, compute_subsets};
+use crate::desired::{
+    MANAGER, MAX_ADDRESSES, PodFields, PodInfo, UPSTREAM_MANAGER, compute_subsets,
+};
 
 fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
     pairs
@@ -24,8 +26,9 @@ fn labelled_service(labels: &[(&str, &str)]) -> Service {
     svc
 }
 
-fn computed_for(svc: &Service, pods: &[PodInfo]) -> ComputedSubsets {
-    let refs: Vec<&PodInfo> = pods.iter().collect();
+fn computed_for(svc: &Service, pods: &[PodFields]) -> ComputedSubsets {
+    let packed: Vec<PodInfo> = pods.iter().map(PodFields::pack).collect();
+    let refs: Vec<&PodInfo> = packed.iter().collect();
     compute_subsets(svc, &refs)
 }
 
@@ -204,7 +207,7 @@ fn build_for_update_keeps_annotations_and_metadata() {
 #[test]
 fn build_truncates_and_marks_over_capacity() {
     let svc = labelled_service(&[]);
-    let pods: Vec<PodInfo> = (0..1001)
+    let pods: Vec<PodFields> = (0..1001)
         .map(|i| pod(&format!("p{i}"), &format!("10.0.{}.{}", i / 256, i % 256)))
         .collect();
     let computed = computed_for(&svc, &pods);

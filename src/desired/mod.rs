@@ -34,6 +34,7 @@ mod capacity;
 mod equality;
 mod ip;
 mod labels;
+mod packed;
 mod pod;
 mod ports;
 mod repack;
@@ -47,7 +48,8 @@ mod testkit;
 
 pub use capacity::{ANNOTATION_OVER_CAPACITY, MAX_ADDRESSES, OVER_CAPACITY_TRUNCATED};
 pub use labels::{LABEL_HEADLESS, build_endpoints, needs_write};
-pub use pod::{NamedPort, PodInfo};
+pub use packed::{NamedPortRef, PodInfo};
+pub use pod::{NamedPort, PodFields};
 pub use trigger::{ANNOTATION_LAST_CHANGE_TRIGGER_TIME, format_rfc3339_nano, trigger_time};
 
 use ip::{GoIp, IpFamily, family_of_text};
@@ -79,14 +81,28 @@ pub fn managed_selector(svc: &Service) -> Option<&BTreeMap<String, String>> {
     spec.selector.as_ref()
 }
 
+/// A set of labels a selector can be matched against.
+pub trait Labels {
+    fn label(&self, key: &str) -> Option<&str>;
+}
+
+impl Labels for BTreeMap<String, String> {
+    fn label(&self, key: &str) -> Option<&str> {
+        self.get(key).map(String::as_str)
+    }
+}
+
+impl Labels for PodInfo {
+    fn label(&self, key: &str) -> Option<&str> {
+        PodInfo::label(self, key)
+    }
+}
+
 /// Equality-based selector match; an empty selector matches every label set.
-pub fn selector_matches(
-    selector: &BTreeMap<String, String>,
-    labels: &BTreeMap<String, String>,
-) -> bool {
+pub fn selector_matches(selector: &BTreeMap<String, String>, labels: &impl Labels) -> bool {
     selector
         .iter()
-        .all(|(key, value)| labels.get(key) == Some(value))
+        .all(|(key, value)| labels.label(key) == Some(value.as_str()))
 }
 
 /// Compute the Endpoints subsets of `svc` from its candidate pods (already
@@ -110,7 +126,7 @@ pub fn compute_subsets(svc: &Service, pods: &[&PodInfo]) -> ComputedSubsets {
         let Some(address) = endpoint_address(svc, pod) else {
             continue;
         };
-        let ready = publish_not_ready || pod.ready;
+        let ready = publish_not_ready || pod.ready();
         let single = |ports| {
             let addresses = Some(vec![address.clone()]);
             if ready {
@@ -167,7 +183,7 @@ fn service_family(svc: &Service, pod: &PodInfo) -> IpFamily {
     let deciding_ip = if !cluster_ip.is_empty() && cluster_ip != "None" {
         cluster_ip
     } else {
-        pod.pod_ips.first().map_or("", String::as_str)
+        pod.pod_ips().next().unwrap_or("")
     };
     // Unparsable text counts as "not IPv6", i.e. IPv4.
     family_of_text(deciding_ip).unwrap_or(IpFamily::V4)
@@ -178,22 +194,21 @@ fn service_family(svc: &Service, pod: &PodInfo) -> IpFamily {
 fn endpoint_address(svc: &Service, pod: &PodInfo) -> Option<EndpointAddress> {
     let family = service_family(svc, pod);
     let ip = pod
-        .pod_ips
-        .iter()
-        .filter_map(|text| GoIp::parse(text))
+        .pod_ips()
+        .filter_map(GoIp::parse)
         .find(|ip| ip.family() == family)?;
     Some(EndpointAddress {
         ip: ip.to_go_string(),
         hostname: should_set_hostname(svc, pod)
-            .then(|| pod.hostname.clone())
+            .then(|| pod.hostname().map(str::to_string))
             .flatten(),
         // Upstream points at the pod's nodeName field, so it is written even when "".
-        node_name: Some(pod.node_name.clone().unwrap_or_default()),
+        node_name: Some(pod.node_name().unwrap_or_default().to_string()),
         target_ref: Some(ObjectReference {
             kind: Some("Pod".to_string()),
-            namespace: Some(pod.namespace.clone()),
-            name: Some(pod.name.clone()),
-            uid: (!pod.uid.is_empty()).then(|| pod.uid.clone()),
+            namespace: Some(pod.namespace().to_string()),
+            name: Some(pod.name().to_string()),
+            uid: (!pod.uid().is_empty()).then(|| pod.uid().to_string()),
             ..ObjectReference::default()
         }),
     })
@@ -202,10 +217,10 @@ fn endpoint_address(svc: &Service, pod: &PodInfo) -> Option<EndpointAddress> {
 /// Upstream's ShouldSetHostname: a non-empty hostname and a subdomain equal to
 /// the Service's name in the same namespace (headless or not).
 fn should_set_hostname(svc: &Service, pod: &PodInfo) -> bool {
-    let has_hostname = pod.hostname.as_deref().is_some_and(|h| !h.is_empty());
+    let has_hostname = pod.hostname().is_some_and(|h| !h.is_empty());
     let service_name = svc.metadata.name.as_deref().unwrap_or("");
     let service_namespace = svc.metadata.namespace.as_deref().unwrap_or("");
     has_hostname
-        && pod.subdomain.as_deref().unwrap_or("") == service_name
-        && service_namespace == pod.namespace
+        && pod.subdomain().unwrap_or("") == service_name
+        && service_namespace == pod.namespace()
 }

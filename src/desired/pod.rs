@@ -1,15 +1,17 @@
-//! The compact pod projection the caches keep instead of whole Pods.
+//! The pod projection the caches keep instead of whole Pods: [`PodFields`]
+//! to build and edit, packed into [`PodInfo`] (see `packed`) to keep.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::jiff::Timestamp;
 
-/// Compact projection of a Pod: only what Endpoints computation and the
-/// pod→Service index need. (The cache stores this instead of whole Pods to keep
-/// memory low.)
+use super::packed::{Parts, PodInfo};
+
+/// What a pod contributes to Endpoints, as owned fields: the form to build,
+/// edit and compare in tests. The caches keep it packed, as [`PodInfo`].
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct PodInfo {
+pub struct PodFields {
     pub namespace: String,
     pub name: String,
     pub uid: String,
@@ -49,24 +51,53 @@ pub struct NamedPort {
 
 const SIDECAR_RESTART_POLICY: &str = "Always";
 
+impl PodFields {
+    /// The packed form the caches keep.
+    pub fn pack(&self) -> PodInfo {
+        PodInfo::pack(&Parts {
+            namespace: &self.namespace,
+            name: &self.name,
+            uid: &self.uid,
+            resource_version: &self.resource_version,
+            phase: self.phase.as_deref(),
+            hostname: self.hostname.as_deref(),
+            subdomain: self.subdomain.as_deref(),
+            node_name: self.node_name.as_deref(),
+            labels: self
+                .labels
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect(),
+            pod_ips: self.pod_ips.iter().map(String::as_str).collect(),
+            ports: self
+                .container_ports
+                .iter()
+                .map(|p| (p.name.as_str(), p.container_port, p.protocol.as_str()))
+                .collect(),
+            ready: self.ready,
+            terminating: self.terminating,
+            ready_transition: self.ready_transition,
+        })
+    }
+}
+
 impl PodInfo {
     /// Projects a Pod; `None` when it has no name or namespace.
     pub fn from_pod(pod: &Pod) -> Option<PodInfo> {
-        let namespace = pod.metadata.namespace.clone()?;
-        let name = pod.metadata.name.clone()?;
+        let meta = &pod.metadata;
         let spec = pod.spec.as_ref();
         let status = pod.status.as_ref();
 
-        let mut pod_ips: Vec<String> = status
+        let mut pod_ips: Vec<&str> = status
             .and_then(|s| s.pod_ips.as_ref())
-            .map(|ips| ips.iter().map(|ip| ip.ip.clone()).collect())
+            .map(|ips| ips.iter().map(|ip| ip.ip.as_str()).collect())
             .unwrap_or_default();
         if pod_ips.is_empty()
             && let Some(ip) = status
-                .and_then(|s| s.pod_ip.as_ref())
+                .and_then(|s| s.pod_ip.as_deref())
                 .filter(|ip| !ip.is_empty())
         {
-            pod_ips.push(ip.clone());
+            pod_ips.push(ip);
         }
 
         // Upstream looks at the first condition of type Ready only.
@@ -79,7 +110,7 @@ impl PodInfo {
             .unwrap_or_default()
             .iter()
             .filter(|c| c.restart_policy.as_deref() == Some(SIDECAR_RESTART_POLICY));
-        let container_ports = spec
+        let ports = spec
             .map(|s| s.containers.as_slice())
             .unwrap_or_default()
             .iter()
@@ -87,35 +118,40 @@ impl PodInfo {
             .flat_map(named_ports)
             .collect();
 
-        Some(PodInfo {
-            namespace,
-            name,
-            uid: pod.metadata.uid.clone().unwrap_or_default(),
-            resource_version: pod.metadata.resource_version.clone().unwrap_or_default(),
-            labels: pod.metadata.labels.clone().unwrap_or_default(),
-            phase: status.and_then(|s| s.phase.clone()),
+        Some(PodInfo::pack(&Parts {
+            namespace: meta.namespace.as_deref()?,
+            name: meta.name.as_deref()?,
+            uid: meta.uid.as_deref().unwrap_or_default(),
+            resource_version: meta.resource_version.as_deref().unwrap_or_default(),
+            phase: status.and_then(|s| s.phase.as_deref()),
+            hostname: spec.and_then(|s| s.hostname.as_deref()),
+            subdomain: spec.and_then(|s| s.subdomain.as_deref()),
+            node_name: spec.and_then(|s| s.node_name.as_deref()),
+            labels: meta
+                .labels
+                .iter()
+                .flatten()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect(),
             pod_ips,
+            ports,
             ready: ready_condition.is_some_and(|c| c.status == "True"),
+            terminating: meta.deletion_timestamp.is_some(),
             ready_transition: ready_condition
                 .and_then(|c| c.last_transition_time.as_ref())
                 .map(|t| t.0),
-            terminating: pod.metadata.deletion_timestamp.is_some(),
-            hostname: spec.and_then(|s| s.hostname.clone()),
-            subdomain: spec.and_then(|s| s.subdomain.clone()),
-            node_name: spec.and_then(|s| s.node_name.clone()),
-            container_ports,
-        })
+        }))
     }
 
     /// Upstream's ShouldPodBeInEndpoints: not terminal, has an IP, and not
     /// terminating unless terminating pods are wanted (publishNotReadyAddresses).
     pub(crate) fn should_be_in_endpoints(&self, include_terminating: bool) -> bool {
-        let terminal = matches!(self.phase.as_deref(), Some("Succeeded" | "Failed"));
-        !terminal && !self.pod_ips.is_empty() && (include_terminating || !self.terminating)
+        let terminal = matches!(self.phase(), Some("Succeeded" | "Failed"));
+        !terminal && self.pod_ips().next().is_some() && (include_terminating || !self.terminating())
     }
 }
 
-fn named_ports(container: &Container) -> impl Iterator<Item = NamedPort> + '_ {
+fn named_ports(container: &Container) -> impl Iterator<Item = (&str, i32, &str)> + '_ {
     container
         .ports
         .as_deref()
@@ -123,11 +159,11 @@ fn named_ports(container: &Container) -> impl Iterator<Item = NamedPort> + '_ {
         .iter()
         .filter_map(|port| {
             let name = port.name.as_deref().filter(|n| !n.is_empty())?;
-            Some(NamedPort {
-                name: name.to_string(),
-                container_port: port.container_port,
-                protocol: port.protocol.clone().unwrap_or_default(),
-            })
+            Some((
+                name,
+                port.container_port,
+                port.protocol.as_deref().unwrap_or_default(),
+            ))
         })
 }
 
@@ -213,7 +249,7 @@ mod tests {
 
     #[test]
     fn projection_keeps_what_endpoints_need() {
-        let info = PodInfo::from_pod(&full_pod()).unwrap();
+        let info = PodInfo::from_pod(&full_pod()).unwrap().fields();
         assert_eq!(info.pod_ips, vec!["10.0.0.1", "fd00::1"]);
         assert!(info.ready, "first Ready condition decides");
         assert_eq!(
@@ -238,7 +274,10 @@ mod tests {
         if let Some(status) = pod.status.as_mut() {
             status.pod_ips = None;
         }
-        assert_eq!(PodInfo::from_pod(&pod).unwrap().pod_ips, vec!["10.0.0.1"]);
+        assert_eq!(
+            PodInfo::from_pod(&pod).unwrap().fields().pod_ips,
+            vec!["10.0.0.1"]
+        );
     }
 
     #[test]
@@ -250,8 +289,8 @@ mod tests {
 
     #[test]
     fn which_pods_belong_in_endpoints() {
-        let base = PodInfo::from_pod(&full_pod()).unwrap();
-        let with = |f: fn(&mut PodInfo)| {
+        let base = PodInfo::from_pod(&full_pod()).unwrap().fields();
+        let with = |f: fn(&mut PodFields)| {
             let mut p = base.clone();
             f(&mut p);
             p
@@ -292,7 +331,7 @@ mod tests {
         ];
         for (case, pod, include_terminating, expected) in cases {
             assert_eq!(
-                pod.should_be_in_endpoints(include_terminating),
+                pod.pack().should_be_in_endpoints(include_terminating),
                 expected,
                 "{case}"
             );

@@ -18,9 +18,8 @@ pub(crate) fn resolve_target_port(service_port: &ServicePort, pod: &PodInfo) -> 
         Some(IntOrString::String(name)) => {
             // Upstream compares Go strings: an absent protocol is "".
             let protocol = service_port.protocol.as_deref().unwrap_or("");
-            pod.container_ports
-                .iter()
-                .find(|p| p.name == *name && p.protocol == protocol)
+            pod.container_ports()
+                .find(|p| p.name == name && p.protocol == protocol)
                 .map(|p| p.container_port)
         }
     }
@@ -98,7 +97,11 @@ mod tests {
             ),
         ];
         for (case, service_port, expected) in cases {
-            assert_eq!(resolve_target_port(&service_port, &pod), expected, "{case}");
+            assert_eq!(
+                resolve_target_port(&service_port, &pod.pack()),
+                expected,
+                "{case}"
+            );
         }
     }
 

@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::{NamedPort, PodInfo};
+use super::{NamedPort, PodFields};
 
 pub fn port(name: &str, number: i32, protocol: &str, app_protocol: Option<&str>) -> EndpointPort {
     EndpointPort {
@@ -56,8 +56,8 @@ pub fn subset(
 }
 
 /// A ready, running pod in namespace "default" with one IPv4 address.
-pub fn pod(name: &str, ip: &str) -> PodInfo {
-    PodInfo {
+pub fn pod(name: &str, ip: &str) -> PodFields {
+    PodFields {
         namespace: "default".into(),
         name: name.into(),
         uid: format!("uid-{name}"),
@@ -72,7 +72,7 @@ pub fn pod(name: &str, ip: &str) -> PodInfo {
             container_port: 8080,
             protocol: "TCP".into(),
         }],
-        ..PodInfo::default()
+        ..PodFields::default()
     }
 }
 

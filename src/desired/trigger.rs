@@ -23,7 +23,7 @@ pub fn trigger_time(
 ) -> Option<Timestamp> {
     changed_pods
         .iter()
-        .filter_map(|pod| pod.ready_transition)
+        .filter_map(|pod| pod.ready_transition())
         .chain(svc_is_new_or_changed)
         .min()
 }
@@ -87,7 +87,8 @@ mod tests {
         early.ready_transition = Some(at(100, 0));
         let mut late = pod("b", "10.0.0.2");
         late.ready_transition = Some(at(200, 0));
-        let silent = pod("c", "10.0.0.3");
+        let (early, late) = (early.pack(), late.pack());
+        let silent = pod("c", "10.0.0.3").pack();
         let cases = [
             ("nothing known", None, vec![], None),
             (

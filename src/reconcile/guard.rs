@@ -13,6 +13,7 @@ use kube::runtime::events::{Event, EventType};
 use tracing::{info, warn};
 
 use super::Context;
+use super::objects::strip_managed_fields;
 use crate::desired::{self, PodInfo};
 use crate::error::{Error, Result};
 use crate::watch::{DeletionSource, ObjectKey};
@@ -64,9 +65,10 @@ pub async fn lookup_service(ctx: &Context, key: &ObjectKey) -> Result<ServiceLoo
                 reason,
                 "spurious Endpoints deletion prevented: the cache lacked the Service but the API has it"
             );
-            let mut cached = svc.clone();
-            cached.metadata.managed_fields = None;
-            ctx.stores.services.write().restore(cached);
+            ctx.stores
+                .services
+                .write()
+                .restore(strip_managed_fields(svc.clone()));
             let note = format!(
                 "Endpoints deletion prevented: the watch cache lacked this Service ({reason}) but a live read found it; cache repaired"
             );
@@ -106,7 +108,7 @@ pub async fn hold_unconfirmed_pod_deletions(
         })
         .filter_map(|a| a.target_ref.as_ref())
         .filter(|r| r.kind.as_deref() == Some("Pod"));
-    let selected: HashSet<&str> = pods.iter().map(|p| p.name.as_str()).collect();
+    let selected: HashSet<&str> = pods.iter().map(|p| p.name()).collect();
     let mut suspects: Vec<(ObjectKey, String)> = Vec::new();
     for target in referenced {
         let (Some(name), Some(uid)) = (&target.name, &target.uid) else {
@@ -122,7 +124,7 @@ pub async fn hold_unconfirmed_pod_deletions(
         let cache = ctx.stores.pods.read();
         let tombstoned_same_pod = cache
             .tombstone(&key)
-            .is_some_and(|t| t.last_known.uid == *uid);
+            .is_some_and(|t| t.last_known.uid() == uid);
         if tombstoned_same_pod && !suspects.iter().any(|(k, _)| k == &key) {
             suspects.push((key, uid.clone()));
         }
@@ -136,13 +138,13 @@ pub async fn hold_unconfirmed_pod_deletions(
         let still_there = live
             .as_ref()
             .and_then(PodInfo::from_pod)
-            .filter(|p| p.uid == uid);
+            .filter(|p| p.uid() == uid);
         match still_there {
             Some(info) => {
                 ctx.metrics.pod_deletions_held.inc();
                 info!(pod = %key, "pod still exists after a watch DELETE; keeping its address");
                 ctx.stores.pods.write().restore(info.clone());
-                if desired::selector_matches(selector, &info.labels) {
+                if desired::selector_matches(selector, &info) {
                     pods.push(Arc::new(info));
                 }
             }

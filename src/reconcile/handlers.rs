@@ -1,11 +1,11 @@
 //! From cache changes to queue keys: which Services a change concerns.
 
-use k8s_openapi::api::core::v1::{Endpoints, Service};
+use k8s_openapi::api::core::v1::Service;
 use kube::Api;
 use tracing::warn;
 
 use super::Context;
-use super::sync::is_deletable;
+use super::objects::CachedEndpoints;
 use crate::desired::{self, PodInfo};
 use crate::watch::{Cached, Change, ObjectKey};
 
@@ -27,19 +27,19 @@ pub fn on_pod(ctx: &Context, change: &Change<PodInfo>) {
         }
         Change::Added(p) => (None, p),
         Change::Updated { old, new } => {
-            if same_endpoints_inputs(old, new) {
+            if old.same_endpoint_inputs(new) {
                 return;
             }
             (Some(old), new)
         }
     };
     let services = ctx.stores.services.read();
-    for svc in services.in_namespace(&new.namespace) {
+    for svc in services.in_namespace(new.namespace()) {
         let Some(selector) = desired::managed_selector(svc) else {
             continue;
         };
-        let selects_new = desired::selector_matches(selector, &new.labels);
-        let selects_old = old.is_some_and(|o| desired::selector_matches(selector, &o.labels));
+        let selects_new = desired::selector_matches(selector, new.as_ref());
+        let selects_old = old.is_some_and(|o| desired::selector_matches(selector, o.as_ref()));
         if selects_new || selects_old {
             ctx.queue.add(svc.key());
         }
@@ -54,31 +54,13 @@ fn release_if_unreferenced(ctx: &Context, pod: &PodInfo) {
         .stores
         .endpoints
         .read()
-        .in_namespace(&pod.namespace)
-        .flat_map(|ep| ep.subsets.iter().flatten())
-        .flat_map(|s| {
-            s.addresses
-                .iter()
-                .flatten()
-                .chain(s.not_ready_addresses.iter().flatten())
-        })
-        .any(|a| a.target_ref.as_ref().and_then(|r| r.uid.as_deref()) == Some(pod.uid.as_str()));
+        .in_namespace(pod.namespace())
+        .any(|ep| ep.references_uid(pod.uid()));
     if !referenced {
         ctx.stores
             .pods
             .write()
-            .confirm_deleted(&pod.key(), &pod.uid);
-    }
-}
-
-fn same_endpoints_inputs(a: &PodInfo, b: &PodInfo) -> bool {
-    // PodInfo holds only what Endpoints are computed from, plus the version.
-    PodInfo {
-        resource_version: String::new(),
-        ..a.clone()
-    } == PodInfo {
-        resource_version: String::new(),
-        ..b.clone()
+            .confirm_deleted(&pod.key(), pod.uid());
     }
 }
 
@@ -86,14 +68,14 @@ fn same_endpoints_inputs(a: &PodInfo, b: &PodInfo) -> bool {
 /// their watch event, which then changes nothing) or deleted: look again.
 /// A deletion while the Service exists is what upstream does on a stale cache;
 /// it is counted whoever did it.
-pub fn on_endpoints(ctx: &std::sync::Arc<Context>, change: &Change<Endpoints>) {
+pub fn on_endpoints(ctx: &std::sync::Arc<Context>, change: &Change<CachedEndpoints>) {
     match change {
         Change::Added(ep) | Change::Updated { new: ep, .. } => ctx.queue.add(ep.key()),
         Change::DeletionCandidate(ep) => {
             let key = ep.key();
             ctx.stores.endpoints.write().confirm_deleted(&key, ep.uid());
             ctx.queue.add(key.clone());
-            if is_deletable(ep) || ctx.stores.services.read().get(&key).is_some() {
+            if ep.is_deletable() || ctx.stores.services.read().get(&key).is_some() {
                 let ctx = ctx.clone();
                 tokio::spawn(async move { check_deletion_was_spurious(&ctx, key).await });
             }
@@ -121,6 +103,8 @@ mod tests {
     use std::sync::Arc;
 
     use k8s_openapi::api::core::v1::Service;
+
+    use crate::desired::PodFields;
     use kube::runtime::events::{Recorder, Reporter};
 
     use super::*;
@@ -161,14 +145,15 @@ mod tests {
     }
 
     fn pod(ns: &str, app: &str, rv: &str) -> PodInfo {
-        PodInfo {
+        PodFields {
             namespace: ns.into(),
             name: "p".into(),
             uid: "p-uid".into(),
             resource_version: rv.into(),
             labels: BTreeMap::from([("app".to_string(), app.to_string())]),
-            ..PodInfo::default()
+            ..PodFields::default()
         }
+        .pack()
     }
 
     fn queued(ctx: &Context) -> Vec<String> {

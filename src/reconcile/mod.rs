@@ -11,12 +11,13 @@ pub mod trigger;
 
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use k8s_openapi::api::core::v1::{Endpoints, Service};
+use k8s_openapi::api::core::v1::Service;
 use kube::runtime::events::Recorder;
 
 use crate::config::Mode;
 use crate::desired::PodInfo;
 use crate::metrics::Metrics;
+use crate::reconcile::objects::CachedEndpoints;
 use crate::watch::{Cache, Cached, ObjectKey};
 
 pub use queue::WorkQueue;
@@ -55,7 +56,7 @@ impl<T: Cached> Shared<T> {
 pub struct Stores {
     pub services: Shared<Service>,
     pub pods: Shared<PodInfo>,
-    pub endpoints: Shared<Endpoints>,
+    pub endpoints: Shared<CachedEndpoints>,
 }
 
 impl Stores {

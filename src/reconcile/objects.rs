@@ -3,7 +3,8 @@
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use kube::ResourceExt;
 
-use crate::desired::PodInfo;
+use crate::desired::{self, PodInfo};
+use crate::error::{Error, Result};
 use crate::watch::{Cached, ObjectKey};
 
 fn key_of<K: kube::Resource>(obj: &K) -> ObjectKey {
@@ -29,24 +30,76 @@ impl Cached for Service {
     }
 }
 
-impl Cached for Endpoints {
-    fn key(&self) -> ObjectKey {
-        key_of(self)
+/// An Endpoints object as the cache keeps it: what the cache, the sweep and
+/// the pod guard read on every event as fields, the rest as compact JSON,
+/// decoded only when its Service is reconciled.
+///
+/// Why JSON: decoded, an Endpoints of 10 addresses takes ~8 KB (each address
+/// is ~240 bytes of `Option<String>` slots before its strings, and serde
+/// leaves the address vectors up to half empty); its JSON takes ~2 KB.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CachedEndpoints {
+    key: ObjectKey,
+    uid: Box<str>,
+    resource_version: Box<str>,
+    managed_by: Option<Box<str>>,
+    /// The object without managedFields and without subsets.
+    object_json: Box<str>,
+    /// `subsets` alone: every `"uid"` in it is a targetRef's.
+    subsets_json: Box<str>,
+}
+
+impl CachedEndpoints {
+    /// `None` only if the object cannot be encoded, which a decoded object can.
+    pub fn new(ep: Endpoints) -> Option<Self> {
+        let mut ep = strip_managed_fields(ep);
+        let subsets = ep.subsets.take();
+        let subsets_json = serde_json::to_string(&subsets).ok()?;
+        let object_json = serde_json::to_string(&ep).ok()?;
+        Some(Self {
+            key: key_of(&ep),
+            uid: meta_str(&ep.metadata.uid).into(),
+            resource_version: meta_str(&ep.metadata.resource_version).into(),
+            managed_by: managed_by(&ep).map(Into::into),
+            object_json: object_json.into_boxed_str(),
+            subsets_json: subsets_json.into_boxed_str(),
+        })
     }
-    fn uid(&self) -> &str {
-        meta_str(&self.metadata.uid)
+
+    /// The whole object back.
+    pub fn decode(&self) -> Result<Endpoints> {
+        let error = |source| Error::Decode {
+            what: "cached Endpoints",
+            key: self.key.to_string(),
+            source,
+        };
+        let mut ep: Endpoints = serde_json::from_str(&self.object_json).map_err(error)?;
+        ep.subsets = serde_json::from_str(&self.subsets_json).map_err(error)?;
+        Ok(ep)
     }
-    fn resource_version(&self) -> &str {
-        meta_str(&self.metadata.resource_version)
+
+    /// The `endpoints.kubernetes.io/managed-by` label.
+    pub fn managed_by(&self) -> Option<&str> {
+        self.managed_by.as_deref()
+    }
+
+    /// See [`is_deletable`].
+    pub fn is_deletable(&self) -> bool {
+        deletable_manager(self.managed_by())
+    }
+
+    /// Whether an address (ready or not) has a targetRef with this UID.
+    pub fn references_uid(&self, uid: &str) -> bool {
+        // serde_json wrote the subsets, so a targetRef's uid reads exactly
+        // like this needle (escapes included).
+        serde_json::to_string(uid)
+            .is_ok_and(|value| self.subsets_json.contains(&format!("\"uid\":{value}")))
     }
 }
 
-impl Cached for PodInfo {
+impl Cached for CachedEndpoints {
     fn key(&self) -> ObjectKey {
-        ObjectKey {
-            namespace: self.namespace.clone(),
-            name: self.name.clone(),
-        }
+        self.key.clone()
     }
     fn uid(&self) -> &str {
         &self.uid
@@ -54,15 +107,112 @@ impl Cached for PodInfo {
     fn resource_version(&self) -> &str {
         &self.resource_version
     }
+}
+
+/// Labels values of `endpoints.kubernetes.io/managed-by` whose Endpoints we may
+/// delete: ours, and upstream's (we adopt what it made when we replace it).
+pub fn is_deletable(ep: &Endpoints) -> bool {
+    deletable_manager(managed_by(ep))
+}
+
+fn deletable_manager(manager: Option<&str>) -> bool {
+    matches!(
+        manager,
+        Some(desired::MANAGER) | Some(desired::UPSTREAM_MANAGER)
+    )
+}
+
+pub fn managed_by(ep: &Endpoints) -> Option<&str> {
+    ep.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(desired::LABEL_MANAGED_BY))
+        .map(String::as_str)
+}
+
+impl Cached for PodInfo {
+    fn key(&self) -> ObjectKey {
+        ObjectKey::new(self.namespace(), self.name())
+    }
+    fn uid(&self) -> &str {
+        PodInfo::uid(self)
+    }
+    fn resource_version(&self) -> &str {
+        PodInfo::resource_version(self)
+    }
     const LABEL_INDEXED: bool = true;
-    fn labels(&self) -> Option<&std::collections::BTreeMap<String, String>> {
-        Some(&self.labels)
+    fn labels(&self) -> impl Iterator<Item = (&str, &str)> {
+        PodInfo::labels(self)
     }
 }
 
 /// managedFields are often the largest part of an object and nothing here reads
 /// them; an update sent without them leaves the server's record as it is.
-pub fn without_managed_fields<K: kube::Resource>(mut obj: K) -> Option<K> {
+pub fn without_managed_fields<K: kube::Resource>(obj: K) -> Option<K> {
+    Some(strip_managed_fields(obj))
+}
+
+/// [`without_managed_fields`] for objects that come back from a write or a
+/// live read, before they go into a cache.
+pub fn strip_managed_fields<K: kube::Resource>(mut obj: K) -> K {
     obj.meta_mut().managed_fields = None;
-    Some(obj)
+    obj
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn endpoints() -> Endpoints {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "namespace": "ns", "name": "web", "uid": "ep-uid", "resourceVersion": "12",
+                "labels": {"endpoints.kubernetes.io/managed-by": "endpoint-controller"},
+                "annotations": {"x": "y"},
+                "managedFields": [{"manager": "kcm", "operation": "Update", "fieldsV1": {"f:subsets": {}}}],
+            },
+            "subsets": [{
+                "addresses": [{"ip": "10.0.0.1", "nodeName": "n",
+                    "targetRef": {"kind": "Pod", "namespace": "ns", "name": "a", "uid": "pod-\"a\""}}],
+                "notReadyAddresses": [{"ip": "10.0.0.2",
+                    "targetRef": {"kind": "Pod", "namespace": "ns", "name": "b", "uid": "pod-b"}}],
+                "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+            }],
+        }))
+        .expect("endpoints")
+    }
+
+    #[test]
+    fn cached_endpoints_decode_to_the_object_without_managed_fields() {
+        let cached = CachedEndpoints::new(endpoints()).expect("encodes");
+        let mut want = endpoints();
+        want.metadata.managed_fields = None;
+        assert_eq!(cached.decode().expect("decodes"), want);
+        assert_eq!(cached.key(), ObjectKey::new("ns", "web"));
+        assert_eq!((cached.uid(), cached.resource_version()), ("ep-uid", "12"));
+        assert_eq!(cached.managed_by(), Some(desired::UPSTREAM_MANAGER));
+        assert!(cached.is_deletable());
+
+        let mut bare = endpoints();
+        bare.subsets = None;
+        bare.metadata.labels = None;
+        let cached = CachedEndpoints::new(bare).expect("encodes");
+        assert_eq!(cached.decode().expect("decodes").subsets, None);
+        assert!(!cached.is_deletable(), "no managed-by label");
+    }
+
+    #[test]
+    fn target_refs_are_found_by_uid_in_both_address_lists() {
+        let cached = CachedEndpoints::new(endpoints()).expect("encodes");
+        let cases = [
+            ("ready address, quotes escaped", "pod-\"a\"", true),
+            ("not-ready address", "pod-b", true),
+            ("the Endpoints' own uid is no targetRef", "ep-uid", false),
+            ("a prefix of a uid", "pod-", false),
+            ("unknown", "pod-c", false),
+        ];
+        for (case, uid, want) in cases {
+            assert_eq!(cached.references_uid(uid), want, "{case}");
+        }
+    }
 }

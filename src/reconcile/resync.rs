@@ -15,8 +15,8 @@ use kube::Api;
 use serde::de::DeserializeOwned;
 use tracing::{info, warn};
 
+use super::objects::CachedEndpoints;
 use super::objects::without_managed_fields;
-use super::sync::{is_deletable, managed_by};
 use super::{Context, Shared, handlers};
 use crate::desired::{self, PodInfo};
 use crate::error::Result;
@@ -78,7 +78,7 @@ pub async fn resync_once(ctx: &Arc<Context>, apis: &Apis) -> Result<()> {
         "endpoints",
         &apis.endpoints,
         apis.page_size,
-        without_managed_fields,
+        CachedEndpoints::new,
         &ctx.stores.endpoints,
         |change| handlers::on_endpoints(ctx, change),
     )
@@ -143,12 +143,12 @@ pub fn sweep(ctx: &Context, count_drift: bool) {
         if services.get(&key).is_some() {
             continue;
         }
-        if is_deletable(ep) {
+        if ep.is_deletable() {
             orphaned += 1;
             ctx.queue.add(key);
         } else {
             unmanaged += 1;
-            tracing::debug!(%key, managed_by = ?managed_by(ep), "Endpoints without a Service, not managed by us: left alone");
+            tracing::debug!(%key, managed_by = ?ep.managed_by(), "Endpoints without a Service, not managed by us: left alone");
         }
     }
     let mut missing = 0;

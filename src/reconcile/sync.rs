@@ -10,27 +10,11 @@ use tracing::{debug, info, warn};
 
 use super::Context;
 use super::guard::{self, ServiceLookup};
+use super::objects::{CachedEndpoints, managed_by};
 use crate::config::Mode;
 use crate::desired::{self, PodInfo};
 use crate::error::{Error, Result, api_code};
 use crate::watch::{Cached, ObjectKey};
-
-/// Labels values of `endpoints.kubernetes.io/managed-by` whose Endpoints we may
-/// delete: ours, and upstream's (we adopt what it made when we replace it).
-pub fn is_deletable(ep: &Endpoints) -> bool {
-    matches!(
-        managed_by(ep),
-        Some(desired::MANAGER) | Some(desired::UPSTREAM_MANAGER)
-    )
-}
-
-pub fn managed_by(ep: &Endpoints) -> Option<&str> {
-    ep.metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(desired::LABEL_MANAGED_BY))
-        .map(String::as_str)
-}
 
 pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<()> {
     let service = ctx.stores.services.read().get(key);
@@ -55,8 +39,8 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<()> {
                 }
                 return Ok(());
             }
-            Some(ep) if !is_deletable(ep) => {
-                debug!(%key, managed_by = ?managed_by(ep), "Endpoints without a Service are not ours to delete");
+            Some(ep) if !ep.is_deletable() => {
+                debug!(%key, managed_by = ?ep.managed_by(), "Endpoints without a Service are not ours to delete");
                 return Ok(());
             }
             Some(ep) => match guard::lookup_service(ctx, key).await? {
@@ -70,12 +54,16 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<()> {
     let Some(selector) = desired::managed_selector(&service) else {
         return Ok(());
     };
+    let endpoints = endpoints
+        .as_deref()
+        .map(CachedEndpoints::decode)
+        .transpose()?;
     let mut pods: Vec<Arc<PodInfo>> = {
         let cache = ctx.stores.pods.read();
         cache
             .selector_candidates(&key.namespace, selector)
             .into_iter()
-            .filter(|p| desired::selector_matches(selector, &p.labels))
+            .filter(|p| desired::selector_matches(selector, p.as_ref()))
             .cloned()
             .collect()
     };
@@ -89,19 +77,19 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<()> {
     if !desired::needs_write(
         &service,
         &computed,
-        endpoints.as_deref(),
-        compare_as(ctx, endpoints.as_deref()),
+        endpoints.as_ref(),
+        compare_as(ctx, endpoints.as_ref()),
     ) {
         return Ok(());
     }
     let wanted = desired::build_endpoints(
         &service,
         computed,
-        endpoints.as_deref(),
+        endpoints.as_ref(),
         trigger,
         desired::MANAGER,
     );
-    apply(ctx, key, endpoints.as_deref(), wanted).await
+    apply(ctx, key, endpoints.as_ref(), wanted).await
 }
 
 /// The managed-by value a write would carry. In audit mode beside the upstream
@@ -156,7 +144,7 @@ async fn apply(
             debug!(%key, verb, "wrote Endpoints");
             // The cache learns our own write now, so the next reconcile compares
             // against it rather than writing again before the watch catches up.
-            ctx.stores.endpoints.write().restore(written);
+            remember(ctx, key, written);
             Ok(())
         }
         Err(err) if api_code(&err) == Some(409) => {
@@ -186,7 +174,7 @@ async fn refresh_endpoints(ctx: &Context, key: &ObjectKey) -> Result<()> {
     let api: Api<Endpoints> = Api::namespaced(ctx.client.clone(), &key.namespace);
     match api.get_opt(&key.name).await {
         Ok(Some(ep)) => {
-            ctx.stores.endpoints.write().restore(ep);
+            remember(ctx, key, ep);
             Ok(())
         }
         Ok(None) => Ok(()),
@@ -195,6 +183,17 @@ async fn refresh_endpoints(ctx: &Context, key: &ObjectKey) -> Result<()> {
             key.to_string(),
             err,
         )),
+    }
+}
+
+/// Puts Endpoints just written or read live into the cache.
+fn remember(ctx: &Context, key: &ObjectKey, ep: Endpoints) {
+    match CachedEndpoints::new(ep) {
+        Some(cached) => {
+            ctx.stores.endpoints.write().restore(cached);
+        }
+        // Cannot happen for a decoded object; the watch brings it in anyway.
+        None => warn!(%key, "Endpoints could not be encoded for the cache; waiting for the watch"),
     }
 }
 
@@ -214,7 +213,7 @@ fn is_namespace_terminating(err: &kube::Error) -> bool {
 /// Deletes Endpoints whose Service a live read showed gone. The precondition on
 /// UID and resourceVersion makes the API refuse if the Endpoints were re-created
 /// or changed since we read them.
-async fn delete_endpoints(ctx: &Context, key: &ObjectKey, ep: &Endpoints) -> Result<()> {
+async fn delete_endpoints(ctx: &Context, key: &ObjectKey, ep: &CachedEndpoints) -> Result<()> {
     if ctx.mode == Mode::Audit {
         ctx.metrics
             .audit_divergences
@@ -230,8 +229,8 @@ async fn delete_endpoints(ctx: &Context, key: &ObjectKey, ep: &Endpoints) -> Res
     let api: Api<Endpoints> = Api::namespaced(ctx.client.clone(), &key.namespace);
     let params = DeleteParams {
         preconditions: Some(Preconditions {
-            uid: ep.metadata.uid.clone(),
-            resource_version: ep.metadata.resource_version.clone(),
+            uid: Some(ep.uid().to_string()),
+            resource_version: Some(ep.resource_version().to_string()),
         }),
         ..DeleteParams::default()
     };

@@ -40,17 +40,17 @@ impl TriggerTimes {
             earliest = Some(earliest.map_or(t, |e| e.min(t)));
         };
         for pod in pods {
-            let Some(t) = pod.ready_transition else {
+            let Some(t) = pod.ready_transition() else {
                 continue;
             };
             if previous
                 .pod_times
-                .get(&pod.name)
+                .get(pod.name())
                 .is_none_or(|seen| t > *seen)
             {
                 consider(t);
             }
-            next.pod_times.insert(pod.name.clone(), t);
+            next.pod_times.insert(pod.name().to_string(), t);
         }
         if let Some(t) = service_created {
             if previous.service_time.is_none_or(|seen| t > seen) {
@@ -78,13 +78,15 @@ impl TriggerTimes {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::desired::PodFields;
 
     fn pod(name: &str, ready_at: Option<i64>) -> PodInfo {
-        PodInfo {
+        PodFields {
             name: name.into(),
             ready_transition: ready_at.map(|s| Timestamp::from_second(s).expect("ts")),
-            ..PodInfo::default()
+            ..PodFields::default()
         }
+        .pack()
     }
 
     fn ts(s: i64) -> Timestamp {

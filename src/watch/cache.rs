@@ -65,24 +65,21 @@ impl<T: Cached> Cache<T> {
     /// Every insertion into `live` goes through here, so the label index
     /// never differs from it.
     fn put_live(&mut self, key: ObjectKey, obj: Arc<T>) {
-        if let Some(old) = self.live.insert(key, obj.clone())
-            && let Some(labels) = old.labels()
-        {
-            self.labels
-                .remove(&old.key().namespace, &old.key().name, labels);
+        if T::LABEL_INDEXED {
+            if let Some(old) = self.live.get(&key) {
+                self.labels.remove(&key.namespace, &key.name, old.labels());
+            }
+            self.labels.insert(&key.namespace, &key.name, obj.labels());
         }
-        if let Some(labels) = obj.labels() {
-            let key = obj.key();
-            self.labels.insert(&key.namespace, &key.name, labels);
-        }
+        self.live.insert(key, obj);
     }
 
     /// Every removal from `live` goes through here (see [`Cache::put_live`]).
     fn drop_live(&mut self, key: &ObjectKey) {
         if let Some(old) = self.live.remove(key)
-            && let Some(labels) = old.labels()
+            && T::LABEL_INDEXED
         {
-            self.labels.remove(&key.namespace, &key.name, labels);
+            self.labels.remove(&key.namespace, &key.name, old.labels());
         }
     }
 

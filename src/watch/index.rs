@@ -13,18 +13,42 @@ pub struct LabelIndex {
 }
 
 impl LabelIndex {
-    pub fn insert(&mut self, namespace: &str, name: &str, labels: &BTreeMap<String, String>) {
-        let keys = self.namespaces.entry(namespace.to_string()).or_default();
+    pub fn insert<'a>(
+        &mut self,
+        namespace: &str,
+        name: &str,
+        labels: impl Iterator<Item = (&'a str, &'a str)>,
+    ) {
+        if !self.namespaces.contains_key(namespace) {
+            self.namespaces
+                .insert(namespace.to_string(), HashMap::new());
+        }
+        let Some(keys) = self.namespaces.get_mut(namespace) else {
+            return;
+        };
+        // Owned keys are made only for pairs not indexed yet: most are.
         for (k, v) in labels {
-            keys.entry(k.clone())
-                .or_default()
-                .entry(v.clone())
-                .or_default()
-                .insert(name.to_string());
+            if !keys.contains_key(k) {
+                keys.insert(k.to_string(), HashMap::new());
+            }
+            let Some(values) = keys.get_mut(k) else {
+                continue;
+            };
+            if !values.contains_key(v) {
+                values.insert(v.to_string(), Names::new());
+            }
+            if let Some(names) = values.get_mut(v) {
+                names.insert(name.to_string());
+            }
         }
     }
 
-    pub fn remove(&mut self, namespace: &str, name: &str, labels: &BTreeMap<String, String>) {
+    pub fn remove<'a>(
+        &mut self,
+        namespace: &str,
+        name: &str,
+        labels: impl Iterator<Item = (&'a str, &'a str)>,
+    ) {
         let Some(keys) = self.namespaces.get_mut(namespace) else {
             return;
         };
@@ -91,9 +115,9 @@ mod tests {
     #[test]
     fn candidates_come_from_the_rarest_pair_and_follow_removals() {
         let mut idx = LabelIndex::default();
-        idx.insert("ns", "a", &labels(&[("app", "web"), ("tier", "x")]));
-        idx.insert("ns", "b", &labels(&[("app", "web"), ("tier", "y")]));
-        idx.insert("other", "c", &labels(&[("app", "web"), ("tier", "x")]));
+        idx.insert("ns", "a", [("app", "web"), ("tier", "x")].into_iter());
+        idx.insert("ns", "b", [("app", "web"), ("tier", "y")].into_iter());
+        idx.insert("other", "c", [("app", "web"), ("tier", "x")].into_iter());
         let mut got = idx
             .candidates("ns", &labels(&[("app", "web"), ("tier", "x")]))
             .expect("selector");
@@ -104,12 +128,12 @@ mod tests {
             Some(vec![])
         );
         assert_eq!(idx.candidates("ns", &BTreeMap::new()), None);
-        idx.remove("ns", "a", &labels(&[("app", "web"), ("tier", "x")]));
+        idx.remove("ns", "a", [("app", "web"), ("tier", "x")].into_iter());
         assert_eq!(
             idx.candidates("ns", &labels(&[("app", "web"), ("tier", "x")])),
             Some(vec![])
         );
-        idx.remove("ns", "b", &labels(&[("app", "web"), ("tier", "y")]));
+        idx.remove("ns", "b", [("app", "web"), ("tier", "y")].into_iter());
         assert!(!idx.namespaces.contains_key("ns"), "empty maps are dropped");
     }
 
@@ -136,8 +160,8 @@ mod tests {
             fn resource_version(&self) -> &str {
                 &self.rv
             }
-            fn labels(&self) -> Option<&BTreeMap<String, String>> {
-                Some(&self.labels)
+            fn labels(&self) -> impl Iterator<Item = (&str, &str)> {
+                self.labels.iter().map(|(k, v)| (k.as_str(), v.as_str()))
             }
         }
         let obj = |name: &str, rv: &str, app: &str| Labelled {

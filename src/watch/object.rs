@@ -12,9 +12,10 @@ pub trait Cached: Clone + Send + Sync + 'static {
     fn resource_version(&self) -> &str;
     /// Whether the cache keeps a label index of this kind (see [`Cached::labels`]).
     const LABEL_INDEXED: bool = false;
-    /// Labels to index the cache by, for kinds looked up by selector.
-    fn labels(&self) -> Option<&std::collections::BTreeMap<String, String>> {
-        None
+    /// Labels to index the cache by, for kinds looked up by selector (read
+    /// only when [`Cached::LABEL_INDEXED`]).
+    fn labels(&self) -> impl Iterator<Item = (&str, &str)> {
+        std::iter::empty()
     }
 }
 
