@@ -15,8 +15,7 @@ use kube::Api;
 use serde::de::DeserializeOwned;
 use tracing::{info, warn};
 
-use super::objects::CachedEndpoints;
-use super::objects::without_managed_fields;
+use super::objects::{CachedEndpoints, without_managed_fields};
 use super::{Context, Shared, handlers};
 use crate::desired::{self, PodInfo};
 use crate::error::Result;
