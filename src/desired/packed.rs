@@ -157,10 +157,6 @@ impl PodInfo {
         (self.flags & present(slot) != 0).then(|| self.slot(slot))
     }
 
-    fn labels_start(&self) -> usize {
-        FIXED_SLOTS
-    }
-
     fn ips_start(&self) -> usize {
         FIXED_SLOTS + 2 * self.labels as usize
     }
@@ -222,7 +218,7 @@ impl PodInfo {
 
     /// Labels as (key, value), sorted by key.
     pub fn labels(&self) -> impl Iterator<Item = (&str, &str)> + '_ {
-        let start = self.labels_start();
+        let start = FIXED_SLOTS;
         (0..self.labels as usize)
             .map(move |i| (self.slot(start + 2 * i), self.slot(start + 2 * i + 1)))
     }

@@ -5,7 +5,7 @@ use kube::Api;
 use tracing::warn;
 
 use super::Context;
-use super::objects::CachedEndpoints;
+use super::objects::{CachedEndpoints, TargetRefUid};
 use crate::desired::{self, PodInfo};
 use crate::watch::{Cached, Change, ObjectKey};
 
@@ -50,12 +50,13 @@ pub fn on_pod(ctx: &Context, change: &Change<PodInfo>) {
 /// tombstone goes now. One that is named waits for the reconcile of its
 /// Service, which reads the pod live before dropping the address.
 fn release_if_unreferenced(ctx: &Context, pod: &PodInfo) {
+    let uid = TargetRefUid::new(pod.uid());
     let referenced = ctx
         .stores
         .endpoints
         .read()
         .in_namespace(pod.namespace())
-        .any(|ep| ep.references_uid(pod.uid()));
+        .any(|ep| ep.references(&uid));
     if !referenced {
         ctx.stores
             .pods
@@ -103,12 +104,11 @@ mod tests {
     use std::sync::Arc;
 
     use k8s_openapi::api::core::v1::Service;
-
-    use crate::desired::PodFields;
     use kube::runtime::events::{Recorder, Reporter};
 
     use super::*;
     use crate::config::Mode;
+    use crate::desired::PodFields;
     use crate::metrics::Metrics;
     use crate::reconcile::{Stores, WorkQueue};
     use crate::watch::WatchEventKind;

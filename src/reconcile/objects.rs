@@ -89,11 +89,27 @@ impl CachedEndpoints {
     }
 
     /// Whether an address (ready or not) has a targetRef with this UID.
-    pub fn references_uid(&self, uid: &str) -> bool {
+    pub fn references(&self, uid: &TargetRefUid) -> bool {
+        uid.0
+            .as_deref()
+            .is_some_and(|needle| self.subsets_json.contains(needle))
+    }
+}
+
+/// A targetRef UID as it reads in [`CachedEndpoints`]' subsets JSON: made
+/// once, then searched for in every Endpoints of a namespace.
+pub struct TargetRefUid(Option<String>);
+
+impl TargetRefUid {
+    pub fn new(uid: &str) -> Self {
         // serde_json wrote the subsets, so a targetRef's uid reads exactly
-        // like this needle (escapes included).
-        serde_json::to_string(uid)
-            .is_ok_and(|value| self.subsets_json.contains(&format!("\"uid\":{value}")))
+        // like this (escapes included). Encoding a &str cannot fail; were it
+        // to, nothing would match.
+        Self(
+            serde_json::to_string(uid)
+                .ok()
+                .map(|value| format!("\"uid\":{value}")),
+        )
     }
 }
 
@@ -212,7 +228,7 @@ mod tests {
             ("unknown", "pod-c", false),
         ];
         for (case, uid, want) in cases {
-            assert_eq!(cached.references_uid(uid), want, "{case}");
+            assert_eq!(cached.references(&TargetRefUid::new(uid)), want, "{case}");
         }
     }
 }
