@@ -14,7 +14,7 @@ COPY . .
 # binaries are copied out of the cached target folder.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked --bin endpoints-guard --bin watch-chaos \
+    cargo build --release --locked -p endpoints-guard -p watch-chaos --bins \
  && mkdir -p /out \
  && cp target/release/endpoints-guard target/release/watch-chaos /out/
 

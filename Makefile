@@ -2,21 +2,24 @@
 #
 #   make demo          build, start a local control plane, run endpoints-guard on a sample
 #   make test          fmt, clippy, unit tests, end-to-end tests on the local control plane
-#   make controlplane  build (or reuse) kube-apiserver, kube-controller-manager, etcd, helm
-#   make parity        full differential test against kube-controller-manager
+#   make controlplane  build (or reuse) kube-apiserver, kube-controller-manager, etcd, helm,
+#                      prometheus, promtool
+#   make parity        full differential tests against kube-controller-manager (Endpoints, EndpointSlices)
 #   make chaos         watch-chaos scenario matrix: endpoints-guard vs kube-controller-manager
 #   make bench         endpoints-guard vs kube-controller-manager (SIZE=S|M|L) → target/bench/
 #
 # The control plane programs are built from Go modules (tests/controlplane/); set
-# KUBEBUILDER_ASSETS or EG_KUBE_APISERVER / EG_KUBE_CONTROLLER_MANAGER / EG_ETCD / EG_HELM
-# to use binaries you already have.
+# KUBEBUILDER_ASSETS or EG_KUBE_APISERVER / EG_KUBE_CONTROLLER_MANAGER / EG_ETCD / EG_HELM /
+# EG_PROMETHEUS / EG_PROMTOOL to use binaries you already have.
 
 SHELL := /bin/bash
 CARGO ?= cargo
+# The two programs the image, the demo and the bench run.
+RELEASE_BINS := -p endpoints-guard -p watch-chaos --bins
 # Tests start several control planes; two at a time fits a 2-core machine.
 TEST_THREADS ?= 2
 
-.PHONY: all build controlplane toolchain fmt-check clippy unit-test e2e-test test parity demo clean chaos
+.PHONY: all build controlplane toolchain fmt-check clippy doc unit-test e2e-test test parity demo clean chaos
 
 all: build
 
@@ -26,7 +29,7 @@ toolchain:
 	@if command -v rustup >/dev/null; then rustup component add rustfmt clippy >/dev/null 2>&1 || true; fi
 
 build: toolchain
-	$(CARGO) build --release --bins
+	$(CARGO) build --release $(RELEASE_BINS)
 
 controlplane: toolchain
 	@bash tests/controlplane/build.sh
@@ -40,30 +43,39 @@ clippy: toolchain
 unit-test: toolchain
 	$(CARGO) test --workspace --lib --bins
 
+# The end-to-end tests run the watch-chaos binary of crates/watch-chaos.
 e2e-test: controlplane
+	$(CARGO) build -p watch-chaos --bins
 	$(CARGO) test --workspace --tests -- --test-threads=$(TEST_THREADS)
 
-test: fmt-check clippy lint-shell controlplane
+test: fmt-check clippy doc lint-shell controlplane
+	$(CARGO) build -p watch-chaos --bins
 	$(CARGO) test --workspace -- --test-threads=$(TEST_THREADS)
 
+# rustdoc of the hardened-watcher crate, warnings as errors.
+doc: toolchain
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc -p hardened-watcher --no-deps --features testing
+
 parity: controlplane
-	EG_PARITY_SCALE=full $(CARGO) test --release --test parity -- --nocapture
+	EG_PARITY_SCALE=full $(CARGO) test --release --test parity --test slice_parity -- --nocapture
 
 # Bench size: S = 100 Services × 1,000 pods, M = 1,000 × 10,000, L = 3,000 × 30,000.
 SIZE ?= S
 
 .PHONY: bench
 bench: controlplane
-	$(CARGO) build --release --bins
+	$(CARGO) build --release $(RELEASE_BINS)
 	SIZE=$(SIZE) $(CARGO) run --release -p eg-testsupport --bin eg-bench
 
 # Every scenario on a fresh control plane, once per controller, both behind watch-chaos;
-# writes target/chaos/report.json and target/chaos/report.md. (make test runs a fast subset.)
+# writes target/chaos/report.json and target/chaos/report.md (make test runs a fast
+# subset); then ten minutes of pod churn that must leave no tombstones behind.
 chaos: controlplane
 	EG_CHAOS=full $(CARGO) test --test chaos -- --nocapture
+	EG_CHURN_SECONDS=600 $(CARGO) test --test e2e_store tombstones_stay_bounded_under_pod_churn -- --nocapture
 
 demo: controlplane
-	$(CARGO) build --release --bins
+	$(CARGO) build --release $(RELEASE_BINS)
 	$(CARGO) run --release -p eg-testsupport --bin eg-demo
 
 clean:

@@ -1,42 +1,69 @@
-//! Wiring: caches and their watchers, the dispatch of changes to the queue, the
-//! workers, the periodic resync and the metrics server; run until shutdown.
+//! Wiring: the caches and their watchers (each delivering its changes to a
+//! handler), the workers, the periodic resync, the ghost scan and the metrics
+//! server; run until shutdown.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::{Api, Client};
-use tokio::sync::{mpsc, watch as signal};
+use tokio::sync::watch as signal;
 use tokio::task::JoinSet;
 use tracing::{Instrument, error, info, info_span, warn};
 
-use crate::config::Config;
-use crate::desired::PodInfo;
+use crate::config::{Config, Controller};
 use crate::error::Result;
+use crate::kinds::{EndpointSliceKind, EndpointsKind, Kind, NodeKind, PodKind, ServiceKind};
 use crate::metrics::Metrics;
-use crate::reconcile::objects::{CachedEndpoints, without_managed_fields};
 use crate::reconcile::queue::Retry;
-use crate::reconcile::resync::{self, Apis};
-use crate::reconcile::{Context, Shared, Stores, WorkQueue, handlers, sync};
+use crate::reconcile::{Context, Stores, Work, enqueue_all, resync, slice_sync, sync, verify};
 use crate::server;
-use crate::watch::{self, Cached, Change, WatchConfig, WatchContext, WatchObserver};
+use hardened_watcher::{Change, Sink, WatchConfig, WatchObserver, Watcher, stopped};
 
-fn apis(client: &Client, cfg: &Config) -> Apis {
-    match &cfg.namespace {
-        Some(ns) => Apis {
-            services: Api::namespaced(client.clone(), ns),
-            pods: Api::namespaced(client.clone(), ns),
-            endpoints: Api::namespaced(client.clone(), ns),
-            page_size: cfg.list_page_size,
-        },
-        None => Apis {
-            services: Api::all(client.clone()),
-            pods: Api::all(client.clone()),
-            endpoints: Api::all(client.clone()),
-            page_size: cfg.list_page_size,
-        },
+/// The API of kind `K` in `namespace` (when namespaced), or cluster-wide.
+pub fn api<K: Kind>(client: &Client, namespace: Option<&str>) -> Api<K::Object> {
+    K::api(client, namespace)
+}
+
+/// What every watcher is started with.
+struct Watching<'a> {
+    ctx: &'a Arc<Context>,
+    namespace: Option<&'a str>,
+    config: WatchConfig,
+    observer: Arc<dyn WatchObserver>,
+    shutdown: &'a signal::Receiver<bool>,
+}
+
+impl Watching<'_> {
+    /// Spawns the watcher of kind `K` if the running controllers need it: its
+    /// cache, filled from the namespace (or the cluster), every change handed
+    /// to [`Kind::on_change`]. It ends on shutdown.
+    fn spawn<K: Kind>(&self, tasks: &mut JoinSet<()>) {
+        if !K::needed(self.ctx.controllers()) {
+            return;
+        }
+        let handler = self.ctx.clone();
+        let sink: Sink<K::Cached> = Arc::new(move |change: &Change<K::Cached>| {
+            K::on_change(&handler, change);
+        });
+        let watcher = Watcher::new(
+            api::<K>(&self.ctx.client, self.namespace),
+            (),
+            K::project,
+            K::store(&self.ctx.stores).clone(),
+            sink,
+        )
+        .observer(self.observer.clone())
+        .config(self.config);
+        let shutdown = self.shutdown.clone();
+        tasks.spawn(async move {
+            // A watcher ends on shutdown, or when it cannot start: the reason
+            // is logged rather than dropped.
+            if let Err(err) = watcher.run(shutdown).await {
+                error!(resource = K::RESOURCE, error = %err, "watcher stopped");
+            }
+        });
     }
 }
 
@@ -55,8 +82,8 @@ pub async fn start(
     shutdown: signal::Receiver<bool>,
 ) -> Result<(Running, impl Future<Output = ()>)> {
     let metrics = Arc::new(Metrics::new()?);
-    let stores = Stores::new();
-    let queue = WorkQueue::new();
+    let controllers = cfg.controller_set();
+    let stores = Stores::for_controllers(controllers);
     let reporter = Reporter {
         controller: "endpoints-guard".into(),
         instance: std::env::var("POD_NAME").ok(),
@@ -69,8 +96,9 @@ pub async fn start(
         recorder: Recorder::new(client.clone(), reporter),
         mode: cfg.mode,
         stores: stores.clone(),
-        queue: queue.clone(),
-        trigger_times: Default::default(),
+        endpoints: Work::new(cfg.max_retries),
+        slices: Work::new(cfg.max_retries),
+        max_endpoints_per_slice: usize::from(cfg.max_endpoints_per_slice),
         leader: leadership.receiver(),
     });
 
@@ -82,139 +110,78 @@ pub async fn start(
         shutdown.clone(),
     )
     .await?;
-    info!(%metrics_addr, mode = ?cfg.mode, workers = cfg.workers, "endpoints-guard starting");
+    let running: Vec<&str> = controllers.iter().map(Controller::metric_label).collect();
+    info!(%metrics_addr, mode = ?cfg.mode, workers = cfg.workers, controllers = ?running, "endpoints-guard starting");
 
-    let apis = apis(&client, &cfg);
-    let observer: Arc<dyn WatchObserver> = metrics.clone();
     let mut tasks = JoinSet::new();
     tasks.spawn(serve);
 
-    let (svc_tx, svc_rx) = mpsc::unbounded_channel::<Change<Service>>();
-    let (pod_tx, pod_rx) = mpsc::unbounded_channel::<Change<PodInfo>>();
-    let (ep_tx, ep_rx) = mpsc::unbounded_channel::<Change<CachedEndpoints>>();
-    let (svc_synced_tx, mut svc_synced) = signal::channel(false);
-    let (pod_synced_tx, mut pod_synced) = signal::channel(false);
-    let (ep_synced_tx, mut ep_synced) = signal::channel(false);
-
-    let config = |resource| WatchConfig {
+    let config = WatchConfig {
         page_limit: cfg.list_page_size,
-        ..WatchConfig::new(resource)
+        ..WatchConfig::default()
     };
-    tasks.spawn(log_exit(watch::run(
-        apis.services.clone(),
-        without_managed_fields::<Service>,
-        WatchContext {
-            config: config("services"),
-            cache: stores.services.inner().clone(),
-            changes: svc_tx,
-            observer: observer.clone(),
-            synced: svc_synced_tx,
-        },
-        shutdown.clone(),
-    )));
-    tasks.spawn(log_exit(watch::run(
-        apis.pods.clone(),
-        |pod: Pod| PodInfo::from_pod(&pod),
-        WatchContext {
-            config: config("pods"),
-            cache: stores.pods.inner().clone(),
-            changes: pod_tx,
-            observer: observer.clone(),
-            synced: pod_synced_tx,
-        },
-        shutdown.clone(),
-    )));
-    tasks.spawn(log_exit(watch::run(
-        apis.endpoints.clone(),
-        CachedEndpoints::new,
-        WatchContext {
-            config: config("endpoints"),
-            cache: stores.endpoints.inner().clone(),
-            changes: ep_tx,
-            observer: observer.clone(),
-            synced: ep_synced_tx,
-        },
-        shutdown.clone(),
-    )));
-
-    // Changes become queue keys as they arrive; each resource has its own task so
-    // a burst of pod changes never delays Service changes.
-    tasks.spawn(dispatch(
-        ctx.clone(),
-        svc_rx,
-        "services",
-        |c| &c.stores.services,
-        |ctx, change| handlers::on_service(ctx, change),
-    ));
-    tasks.spawn(dispatch(
-        ctx.clone(),
-        pod_rx,
-        "pods",
-        |c| &c.stores.pods,
-        |ctx, change| handlers::on_pod(ctx, change),
-    ));
-    tasks.spawn(dispatch(
-        ctx.clone(),
-        ep_rx,
-        "endpoints",
-        |c| &c.stores.endpoints,
-        handlers::on_endpoints,
-    ));
+    let watching = Watching {
+        ctx: &ctx,
+        namespace: cfg.namespace.as_deref(),
+        config,
+        observer: metrics.clone(),
+        shutdown: &shutdown,
+    };
+    watching.spawn::<ServiceKind>(&mut tasks);
+    watching.spawn::<PodKind>(&mut tasks);
+    watching.spawn::<EndpointsKind>(&mut tasks);
+    watching.spawn::<EndpointSliceKind>(&mut tasks);
+    watching.spawn::<NodeKind>(&mut tasks);
 
     let workers = cfg.workers;
     let resync_interval = cfg.resync_interval;
+    let ghost_scan_qps = cfg.ghost_scan_qps;
     let ctx_main = ctx.clone();
-    let shutdown_main = shutdown.clone();
+    let mut shutdown_main = shutdown.clone();
     let main = async move {
         let ctx = ctx_main;
         // Workers start once every cache holds a full consistent list: reconciling
         // on a partial cache would compute Endpoints from half the pods.
-        let synced = async {
-            let _ = svc_synced.wait_for(|s| *s).await;
-            let _ = pod_synced.wait_for(|s| *s).await;
-            let _ = ep_synced.wait_for(|s| *s).await;
-        };
         tokio::select! {
-            _ = synced => {}
-            _ = stopped(shutdown_main.clone()) => {
-                queue.shutdown();
+            () = ctx.stores.wait_synced() => {}
+            () = stopped(&mut shutdown_main) => {
+                shutdown_queues(&ctx);
                 tasks.shutdown().await;
                 leadership.stopped().await;
                 return;
             }
         }
-        resync::sweep(&ctx, false);
+        resync::sweep(&ctx);
+        tasks.spawn(track_readiness(
+            ctx.clone(),
+            ready_tx,
+            shutdown_main.clone(),
+        ));
         if leadership.elected() {
-            tasks.spawn(crate::leader::requeue_on_election(ctx.clone()));
+            tasks.spawn(requeue_on_election(ctx.clone()));
         }
-        let _ = ready_tx.send(true);
         info!("caches synced; reconciling");
 
-        for worker in 0..workers {
-            let ctx = ctx.clone();
-            tasks.spawn(async move { work(ctx).await }.instrument(info_span!("worker", worker)));
+        for controller in ctx.controllers().iter() {
+            for worker in 0..workers {
+                let ctx = ctx.clone();
+                let span = info_span!("worker", %controller, worker);
+                tasks.spawn(async move { work(ctx, controller).await }.instrument(span));
+            }
         }
-        if !resync_interval.is_zero() {
-            let ctx = ctx.clone();
-            let shutdown = shutdown_main.clone();
-            tasks.spawn(async move {
-                let mut ticker = tokio::time::interval(resync_interval);
-                ticker.tick().await;
-                loop {
-                    tokio::select! {
-                        _ = ticker.tick() => {}
-                        _ = stopped(shutdown.clone()) => return,
-                    }
-                    if let Err(err) = resync::resync_once(&ctx, &apis).await {
-                        ctx.metrics.resync_failures.inc();
-                        warn!(error = %err, "full resync failed; trying again next interval");
-                    }
-                }
-            });
-        }
-        stopped(shutdown_main).await;
+        tasks.spawn(periodic(
+            ctx.clone(),
+            resync_interval,
+            shutdown_main.clone(),
+        ));
+        tasks.spawn(verify::run(
+            ctx.clone(),
+            ghost_scan_qps,
+            shutdown_main.clone(),
+        ));
+        stopped(&mut shutdown_main).await;
         info!("shutting down");
-        ctx.queue.shutdown();
+        shutdown_queues(&ctx);
         tasks.shutdown().await;
         leadership.stopped().await;
     };
@@ -227,89 +194,130 @@ pub async fn start(
     ))
 }
 
-/// Hands each change of one cache to its handler, in order, and keeps that
-/// cache's size gauges current.
-async fn dispatch<T: Cached>(
+fn shutdown_queues(ctx: &Context) {
+    for controller in Controller::ALL {
+        ctx.work(controller).queue.shutdown();
+    }
+}
+
+/// `/readyz` follows the caches: ready while every watched cache holds a
+/// complete consistent list, not ready while one is listed again from
+/// scratch after a store rewind (the workers wait meanwhile).
+async fn track_readiness(
     ctx: Arc<Context>,
-    mut changes: mpsc::UnboundedReceiver<Change<T>>,
-    resource: &'static str,
-    cache: fn(&Context) -> &Shared<T>,
-    handle: fn(&Arc<Context>, &Change<T>),
+    ready: signal::Sender<bool>,
+    mut shutdown: signal::Receiver<bool>,
 ) {
-    while let Some(change) = changes.recv().await {
-        handle(&ctx, &change);
-        record_cache_size(&ctx, resource, cache(&ctx));
+    let mut followed = ctx.stores.synced_signals();
+    loop {
+        let now = followed.iter_mut().all(|rx| *rx.borrow_and_update());
+        if ready.send_replace(now) != now {
+            info!(ready = now, "readiness changed");
+        }
+        let changes = followed.iter_mut().map(|rx| Box::pin(rx.changed()));
+        tokio::select! {
+            _ = futures::future::select_all(changes) => {}
+            () = stopped(&mut shutdown) => return,
+        }
     }
 }
 
-/// Keeps `endpoints_guard_cache_objects` and `endpoints_guard_cache_tombstones` current.
-fn record_cache_size<T: Cached>(ctx: &Context, resource: &'static str, cache: &Shared<T>) {
-    let (live, tombstones) = {
-        let c = cache.read();
-        (c.len(), c.tombstone_count())
+/// Every Service is queued each time this instance becomes leader, so it
+/// repairs what happened while another instance led or nobody did.
+async fn requeue_on_election(ctx: Arc<Context>) {
+    let mut rx = ctx.leader.clone();
+    loop {
+        if rx.wait_for(|l| *l).await.is_err() {
+            return;
+        }
+        let count = enqueue_all(&ctx);
+        info!(
+            services = count,
+            "leading: every Service queued for a reconcile"
+        );
+        if rx.wait_for(|l| !*l).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// The resync every `interval` (none when zero) and housekeeping of deletion
+/// evidence with it (every five minutes when there is no resync).
+async fn periodic(ctx: Arc<Context>, interval: Duration, mut shutdown: signal::Receiver<bool>) {
+    let tick = if interval.is_zero() {
+        Duration::from_secs(300)
+    } else {
+        interval
     };
-    let gauge = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
-    ctx.metrics
-        .cache_objects
-        .with_label_values(&[resource])
-        .set(gauge(live));
-    ctx.metrics
-        .cache_tombstones
-        .with_label_values(&[resource])
-        .set(gauge(tombstones));
-}
-
-/// Resolves once shutdown is signalled (or its sender is gone).
-async fn stopped(mut shutdown: signal::Receiver<bool>) {
-    let _ = shutdown.wait_for(|s| *s).await;
-}
-
-/// A watcher only ends on shutdown or when its consumer is gone; either way the
-/// reason is logged rather than dropped.
-async fn log_exit(watcher: impl Future<Output = std::result::Result<(), watch::WatchError>>) {
-    if let Err(err) = watcher.await {
-        warn!(error = %err, "watcher stopped");
+    let mut ticker = tokio::time::interval(tick);
+    ticker.tick().await;
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            () = stopped(&mut shutdown) => return,
+        }
+        if !interval.is_zero()
+            && let Err(err) = resync::resync_once(&ctx).await
+        {
+            ctx.metrics.resync_failures.inc();
+            warn!(error = %err, "full resync failed; trying again next interval");
+        }
+        resync::housekeeping(&ctx);
     }
 }
 
-async fn work(ctx: Arc<Context>) {
-    while let Some(key) = ctx.queue.next().await {
-        // Replicas that do not hold the Lease keep keys queued and read nothing.
+/// One worker of `controller`: takes keys from its queue until shutdown.
+async fn work(ctx: Arc<Context>, controller: Controller) {
+    let queue = ctx.work(controller).queue.clone();
+    let label = controller.metric_label();
+    while let Some(key) = queue.next().await {
+        // Replicas that do not hold the Lease keep keys queued and read nothing;
+        // nobody reconciles while a cache is listed again after a store rewind.
         ctx.wait_until_leading().await;
+        ctx.stores.wait_synced().await;
         ctx.metrics
             .queue_depth
-            .with_label_values(&["services"])
-            .set(ctx.queue.len() as i64);
+            .with_label_values(&[label])
+            .set(queue.len() as i64);
         let start = Instant::now();
-        let result = sync::reconcile(&ctx, &key)
-            .instrument(info_span!("reconcile", service = %key))
-            .await;
+        let span = info_span!("reconcile", service = %key);
+        let result = match controller {
+            Controller::Endpoints => sync::reconcile(&ctx, &key).instrument(span).await,
+            Controller::Endpointslices => slice_sync::reconcile(&ctx, &key).instrument(span).await,
+        };
         ctx.metrics
             .reconcile_duration
+            .with_label_values(&[label])
             .observe(start.elapsed().as_secs_f64());
         match result {
             Ok(()) => {
-                ctx.metrics.reconciles.with_label_values(&["ok"]).inc();
-                ctx.queue.forget(&key);
+                ctx.metrics
+                    .reconciles
+                    .with_label_values(&[label, "ok"])
+                    .inc();
+                queue.forget(&key);
             }
             Err(err) => {
-                ctx.metrics.reconciles.with_label_values(&["error"]).inc();
+                ctx.metrics
+                    .reconciles
+                    .with_label_values(&[label, "error"])
+                    .inc();
                 ctx.metrics
                     .reconcile_errors
-                    .with_label_values(&[err.metric_label()])
+                    .with_label_values(&[label, err.metric_label()])
                     .inc();
-                match ctx.queue.retry(key.clone()) {
+                match queue.retry(key.clone()) {
                     Retry::After(delay) => {
-                        ctx.metrics.queue_retries.inc();
-                        warn!(%key, error = %err, retry_in = ?delay, "reconcile failed");
+                        ctx.metrics.queue_retries.with_label_values(&[label]).inc();
+                        warn!(%key, %controller, error = %err, retry_in = ?delay, "reconcile failed");
                     }
                     Retry::GaveUp => {
-                        ctx.metrics.queue_dropped.inc();
-                        error!(%key, error = %err, "reconcile failed too often; dropped until the next change or resync");
+                        ctx.metrics.queue_dropped.with_label_values(&[label]).inc();
+                        error!(%key, %controller, error = %err, "reconcile failed too often; dropped until the next change or the next resync");
                     }
                 }
             }
         }
-        ctx.queue.done(&key);
+        queue.done(&key);
     }
 }

@@ -21,7 +21,7 @@ pub enum Error {
     /// A list or watch failed (the watcher retries by itself; a resync waits
     /// for its next interval).
     #[error(transparent)]
-    Watch(#[from] crate::watch::WatchError),
+    Watch(#[from] hardened_watcher::WatchError),
 
     /// An object kept in a cache as JSON did not decode again.
     #[error("decoding {what} {key}: {source}")]
@@ -31,6 +31,14 @@ pub enum Error {
         #[source]
         source: serde_json::Error,
     },
+
+    /// Pods selected by a Service are on Nodes that neither the cache nor a
+    /// live read knows: their endpoints are left out of the slices (as
+    /// upstream does) and the Service is retried with backoff.
+    #[error(
+        "{pods} pod(s) of Service {service} are on unknown Nodes; left out of its EndpointSlices for now"
+    )]
+    UnknownNodes { service: String, pods: usize },
 
     /// Configuration that cannot work (bad flag value, bad kubeconfig).
     #[error("configuration: {0}")]
@@ -48,6 +56,25 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    /// Every value [`Error::metric_label`] returns (add new ones here too): the
+    /// metrics export each at 0 from start-up.
+    pub const METRIC_LABELS: &[&str] = &[
+        "forbidden",
+        "not_found",
+        "conflict",
+        "gone",
+        "invalid",
+        "throttled",
+        "server_error",
+        "api_other",
+        "decode",
+        "transport",
+        "watch",
+        "unknown_nodes",
+        "config",
+        "server",
+    ];
+
     /// A label for `endpoints_guard_reconcile_errors_total{error=...}`: one of a fixed set.
     pub fn metric_label(&self) -> &'static str {
         match self {
@@ -67,6 +94,7 @@ impl Error {
             },
             Error::Conflict { .. } => "conflict",
             Error::Watch(_) => "watch",
+            Error::UnknownNodes { .. } => "unknown_nodes",
             Error::Decode { .. } => "decode",
             Error::Config(_) => "config",
             Error::Server { .. } => "server",
@@ -125,5 +153,48 @@ mod tests {
             Error::kube("x", "k", api_error(418)).metric_label(),
             "api_other"
         );
+    }
+
+    #[test]
+    fn every_label_is_listed_once() {
+        let json = || serde_json::from_str::<u8>("x").expect_err("not a number");
+        let mut errors: Vec<Error> = [403, 404, 409, 410, 422, 429, 500, 503, 418]
+            .into_iter()
+            .map(|code| Error::kube("x", "k", api_error(code)))
+            .collect();
+        errors.extend([
+            Error::Kube {
+                action: "x",
+                source: kube::Error::SerdeError(json()),
+            },
+            Error::Kube {
+                action: "x",
+                source: kube::Error::TlsRequired,
+            },
+            Error::Watch(hardened_watcher::WatchError::WatcherGone { resource: "pods" }),
+            Error::Decode {
+                what: "endpoints",
+                key: "k".into(),
+                source: json(),
+            },
+            Error::UnknownNodes {
+                service: "ns/a".into(),
+                pods: 1,
+            },
+            Error::Config("x".into()),
+            Error::Server {
+                addr: "a".into(),
+                source: std::io::Error::other("x"),
+            },
+        ]);
+        let produced: std::collections::BTreeSet<_> =
+            errors.iter().map(Error::metric_label).collect();
+        let listed: std::collections::BTreeSet<_> = Error::METRIC_LABELS.iter().copied().collect();
+        assert_eq!(
+            listed.len(),
+            Error::METRIC_LABELS.len(),
+            "a label listed twice"
+        );
+        assert_eq!(produced, listed);
     }
 }

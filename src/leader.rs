@@ -31,8 +31,7 @@ use tracing::{debug, error, info, warn};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use crate::reconcile::{Context, resync};
-use crate::watch::Cached;
+use hardened_watcher::stopped;
 
 /// Where the Lease lives and how it is held.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,18 +51,9 @@ impl Settings {
         if !cfg.leader_elect {
             return Ok(None);
         }
+        cfg.validate().map_err(Error::Config)?;
         let duration = cfg.leader_election_lease_duration;
         let grace = cfg.leader_election_renew_grace;
-        if duration.subsec_nanos() != 0 || grace.subsec_nanos() != 0 {
-            return Err(Error::Config(
-                "--leader-election-lease-duration and --leader-election-renew-grace are whole seconds".into(),
-            ));
-        }
-        if grace.as_secs() < 1 || duration <= grace || duration.as_secs() < 2 {
-            return Err(Error::Config(format!(
-                "leader election needs 1s <= renew grace ({grace:?}) < lease duration ({duration:?})"
-            )));
-        }
         let namespace = cfg
             .leader_election_namespace
             .clone()
@@ -319,10 +309,6 @@ async fn elect(
     publish(&tx, &metrics, &s.identity, false);
 }
 
-async fn stopped(shutdown: &mut watch::Receiver<bool>) {
-    let _ = shutdown.wait_for(|s| *s).await;
-}
-
 /// Reads the Lease; on failure keeps what was known, whose validity then runs
 /// out by itself.
 async fn refresh(leases: &Api<Lease>, s: &Settings, previous: Observed) -> Observed {
@@ -343,36 +329,6 @@ async fn refresh(leases: &Api<Lease>, s: &Settings, previous: Observed) -> Obser
             previous
         }
     }
-}
-
-/// Queues every Service (and every Endpoints of ours without a Service) each
-/// time this instance becomes leader, so it repairs what happened while another
-/// instance led or nobody did. Runs until the leadership sender is gone.
-pub async fn requeue_on_election(ctx: Arc<Context>) {
-    let mut rx = ctx.leader.clone();
-    loop {
-        if rx.wait_for(|l| *l).await.is_err() {
-            return;
-        }
-        enqueue_all(&ctx);
-        if rx.wait_for(|l| !*l).await.is_err() {
-            return;
-        }
-    }
-}
-
-/// Queues every cached Service, and Endpoints of ours whose Service is gone.
-pub fn enqueue_all(ctx: &Context) {
-    let keys: Vec<_> = ctx.stores.services.read().iter().map(|s| s.key()).collect();
-    let count = keys.len();
-    for key in keys {
-        ctx.queue.add(key);
-    }
-    resync::sweep(ctx, false);
-    info!(
-        services = count,
-        "leading: every Service queued for a reconcile"
-    );
 }
 
 #[cfg(test)]

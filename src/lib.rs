@@ -1,20 +1,21 @@
 //! endpoints-guard: a Kubernetes endpoints controller on a hardened watcher.
 //!
 //! - [`desired`]: pure computation of the Endpoints a Service should have.
-//! - [`watch`]: the hardened watcher and its caches.
+//! - `hardened_watcher` (crate `crates/hardened-watcher`): the hardened
+//!   watcher and its caches, knowing nothing of Endpoints.
 //! - [`reconcile`]: work queue, reconcile (observe → desire → guard → apply),
 //!   deletion guard, resync diff.
+//! - [`kinds`]: every watched kind, described once.
 //! - [`controller`]: wires caches, watchers, workers and the metrics server.
 //! - [`metrics`], [`server`]: Prometheus metrics and the health endpoints.
 
-pub mod chaos;
 pub mod config;
 pub mod controller;
 pub mod desired;
 pub mod error;
+pub mod kinds;
 pub mod leader;
 pub mod metrics;
 pub mod reconcile;
 pub mod server;
 pub mod startup;
-pub mod watch;

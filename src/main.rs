@@ -40,6 +40,8 @@ fn init_tracing(format: LogFormat) {
 }
 
 async fn run(cfg: Config) -> anyhow::Result<()> {
+    cfg.validate()
+        .map_err(|why| anyhow::anyhow!("configuration: {why}"))?;
     let client = startup::client(&cfg).await?;
     startup::preflight(&client, &cfg).await?;
     let (shutdown_tx, shutdown_rx) = watch::channel(false);

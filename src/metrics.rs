@@ -1,24 +1,88 @@
 //! Prometheus metrics in a registry of our own. Every name starts with
 //! `endpoints_guard_`; every label takes values from a fixed set (resource names,
 //! reasons, verbs), never object names, so cardinality stays bounded.
+//!
+//! Every series a labelled metric can have (all combinations of its fixed label
+//! sets) is exported at 0 from start-up ([`Metrics::export_fixed_series`]): a
+//! counter's first increment is then an increase Prometheus sees (a series that
+//! first appears at 1 has no `increase()`, and an alert on it stays silent). A
+//! new label value is one entry in its list: a variant in its enum's `ALL`, or a
+//! value in the lists below.
 
+use prometheus::core::{MetricVec, MetricVecBuilder};
 use prometheus::{
-    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
-    Opts, Registry, TextEncoder,
+    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+use crate::config::Controller;
 use crate::error::{Error, Result};
+use crate::reconcile::guard::PREVENTION_REASONS;
+use hardened_watcher::{DriftKind, RestartReason, StaleReason};
+
+/// `resource`: the watched (and resynced) resources.
+pub const RESOURCES: &[&str] = &["services", "pods", "endpoints", "endpointslices", "nodes"];
+/// `result` of a reconcile.
+pub const RESULTS: &[&str] = &["ok", "error"];
+/// `verb` of an Endpoints or EndpointSlice write; `kind` of an audit divergence.
+pub const VERBS: &[&str] = &["create", "update", "delete"];
+/// `scope` of the unmanaged orphan Endpoints count.
+pub const ORPHAN_SCOPES: &[&str] = &["cluster"];
+
+/// Every combination of one value from each set, in label order.
+fn every(sets: &[&[&'static str]]) -> Vec<Vec<&'static str>> {
+    sets.iter().fold(vec![Vec::new()], |acc, set| {
+        acc.iter()
+            .flat_map(|prefix| {
+                set.iter().map(move |v| {
+                    let mut series = prefix.clone();
+                    series.push(*v);
+                    series
+                })
+            })
+            .collect()
+    })
+}
+
+/// Creates (at 0) the series of `vec` for every combination of `sets`.
+fn zero<B: MetricVecBuilder>(
+    vec: &MetricVec<B>,
+    sets: &[&[&'static str]],
+) -> prometheus::Result<()> {
+    every(sets)
+        .iter()
+        .try_for_each(|values| vec.get_metric_with_label_values(values).map(drop))
+}
+
+/// The metric labels of every member of an enum's `ALL`.
+fn labels_of<T>(all: &[T], label: fn(&T) -> &'static str) -> Vec<&'static str> {
+    all.iter().map(label).collect()
+}
+
+/// What [`Metrics::register_all`] registers into: the registry, or in the tests
+/// a list of what was registered.
+trait Register {
+    fn register(&self, c: Box<dyn prometheus::core::Collector>) -> prometheus::Result<()>;
+}
+
+impl Register for Registry {
+    fn register(&self, c: Box<dyn prometheus::core::Collector>) -> prometheus::Result<()> {
+        Registry::register(self, c)
+    }
+}
 
 pub struct Metrics {
     registry: Registry,
     pub reconciles: IntCounterVec,
     pub reconcile_errors: IntCounterVec,
-    pub reconcile_duration: Histogram,
+    pub reconcile_duration: HistogramVec,
     pub endpoints_writes: IntCounterVec,
+    pub endpointslice_writes: IntCounterVec,
     pub spurious_deletions_prevented: IntCounterVec,
     pub observed_spurious_deletions: IntCounter,
     pub audit_divergences: IntCounterVec,
-    pub pod_deletions_held: IntCounter,
+    pub pod_deletions_held: IntCounterVec,
+    pub node_deletions_held: IntCounter,
     pub resync_drift: IntCounterVec,
     pub resync_duration: Histogram,
     pub resync_failures: IntCounter,
@@ -33,9 +97,13 @@ pub struct Metrics {
     pub cache_tombstones: IntGaugeVec,
     pub unmanaged_orphans: IntGaugeVec,
     pub queue_depth: IntGaugeVec,
-    pub queue_retries: IntCounter,
-    pub queue_dropped: IntCounter,
+    pub queue_retries: IntCounterVec,
+    pub queue_dropped: IntCounterVec,
     pub leader: IntGauge,
+    pub store_rewinds: IntCounterVec,
+    pub ghosts_found: IntCounterVec,
+    pub ghost_scan_reads: IntCounter,
+    pub ghost_scan_pass_seconds: Gauge,
 }
 
 fn opts(name: &str, help: &str) -> Opts {
@@ -50,6 +118,8 @@ impl Metrics {
     pub fn new() -> Result<Self> {
         let registry = Registry::new();
         let m = Self::build().map_err(|e| Error::Config(format!("metrics: {e}")))?;
+        m.export_fixed_series()
+            .map_err(|e| Error::Config(format!("metrics: {e}")))?;
         m.register_all(&registry)
             .map_err(|e| Error::Config(format!("metrics registration: {e}")))?;
         Ok(Self { registry, ..m })
@@ -61,22 +131,25 @@ impl Metrics {
             reconciles: IntCounterVec::new(
                 opts(
                     "reconciles_total",
-                    "Reconciles of a Service key, by result (ok, error).",
+                    "Reconciles of a Service key, by controller and result (ok, error).",
                 ),
-                &["result"],
+                &["controller", "result"],
             )?,
             reconcile_errors: IntCounterVec::new(
                 opts(
                     "reconcile_errors_total",
-                    "Failed reconciles by error class.",
+                    "Failed reconciles by controller and error class.",
                 ),
-                &["error"],
+                &["controller", "error"],
             )?,
-            reconcile_duration: Histogram::with_opts(hist(
-                "reconcile_duration_seconds",
-                "Time spent in one reconcile.",
-                prometheus::exponential_buckets(0.0005, 2.0, 16)?,
-            ))?,
+            reconcile_duration: HistogramVec::new(
+                hist(
+                    "reconcile_duration_seconds",
+                    "Time spent in one reconcile, by controller.",
+                    prometheus::exponential_buckets(0.0005, 2.0, 16)?,
+                ),
+                &["controller"],
+            )?,
             endpoints_writes: IntCounterVec::new(
                 opts(
                     "endpoints_writes_total",
@@ -84,12 +157,19 @@ impl Metrics {
                 ),
                 &["verb"],
             )?,
+            endpointslice_writes: IntCounterVec::new(
+                opts(
+                    "endpointslice_writes_total",
+                    "EndpointSlices written, by verb (create, update, delete).",
+                ),
+                &["verb"],
+            )?,
             spurious_deletions_prevented: IntCounterVec::new(
                 opts(
                     "spurious_deletions_prevented_total",
-                    "Endpoints deletions refused because a live read showed the Service still exists, by how the cache came to lack it.",
+                    "Deletions of Endpoints or EndpointSlices refused because a live read showed the Service still exists, by controller and by how the cache came to lack it.",
                 ),
-                &["reason"],
+                &["controller", "reason"],
             )?,
             observed_spurious_deletions: IntCounter::with_opts(opts(
                 "observed_spurious_deletions_total",
@@ -98,18 +178,25 @@ impl Metrics {
             audit_divergences: IntCounterVec::new(
                 opts(
                     "audit_divergences_total",
-                    "Audit mode: writes endpoints-guard would have made, by kind (create, update, delete).",
+                    "Audit mode: writes endpoints-guard would have made, by controller and kind (create, update, delete).",
                 ),
-                &["kind"],
+                &["controller", "kind"],
             )?,
-            pod_deletions_held: IntCounter::with_opts(opts(
-                "pod_deletions_held_total",
-                "Pod addresses kept because a live read showed the same pod still exists after a watch DELETE.",
+            pod_deletions_held: IntCounterVec::new(
+                opts(
+                    "pod_deletions_held_total",
+                    "Pod addresses (endpoints, for slices) kept because a live read showed the same pod still exists after a watch DELETE, by controller.",
+                ),
+                &["controller"],
+            )?,
+            node_deletions_held: IntCounter::with_opts(opts(
+                "node_deletions_held_total",
+                "Nodes missing from the cache that a live read found, so the slice endpoints of pods on them were kept.",
             ))?,
             resync_drift: IntCounterVec::new(
                 opts(
                     "resync_drift_total",
-                    "Differences the periodic resync found between the cache and the API, by resource and kind.",
+                    "Differences the periodic resync found between the cache and the API that the watch never explained (counted once the watch has passed the list's resourceVersion), by resource and kind.",
                 ),
                 &["resource", "kind"],
             )?,
@@ -184,33 +271,102 @@ impl Metrics {
                 &["scope"],
             )?,
             queue_depth: IntGaugeVec::new(
-                opts("queue_depth", "Keys waiting in the work queue."),
-                &["queue"],
+                opts("queue_depth", "Keys waiting in a controller's work queue."),
+                &["controller"],
             )?,
-            queue_retries: IntCounter::with_opts(opts(
-                "queue_retries_total",
-                "Keys requeued with backoff after a failed reconcile.",
-            ))?,
-            queue_dropped: IntCounter::with_opts(opts(
-                "queue_dropped_total",
-                "Keys dropped after too many failed retries (picked up again by the next event or resync).",
-            ))?,
+            queue_retries: IntCounterVec::new(
+                opts(
+                    "queue_retries_total",
+                    "Keys requeued with backoff after a failed reconcile, by controller.",
+                ),
+                &["controller"],
+            )?,
+            queue_dropped: IntCounterVec::new(
+                opts(
+                    "queue_dropped_total",
+                    "Keys dropped after too many failed retries (picked up again by the next event or resync), by controller.",
+                ),
+                &["controller"],
+            )?,
             leader: IntGauge::with_opts(opts(
                 "leader",
                 "1 while this instance holds the leader Lease and may write (always 1 without --leader-elect), else 0.",
             ))?,
+            store_rewinds: IntCounterVec::new(
+                opts(
+                    "store_rewinds_total",
+                    "Times a consistent list (or a live read behind a disputed list item) showed the store rewound, e.g. etcd restored from a backup; the cache then started over from the list. By resource.",
+                ),
+                &["resource"],
+            )?,
+            ghosts_found: IntCounterVec::new(
+                opts(
+                    "ghosts_found_total",
+                    "Objects the API server's watch cache served in a state etcd does not have (a lost DELETE or a lost update), found by reads that reach etcd and repaired. By resource.",
+                ),
+                &["resource"],
+            )?,
+            ghost_scan_reads: IntCounter::with_opts(opts(
+                "ghost_scan_reads_total",
+                "Reads the ghost scan made (its budget is --ghost-scan-qps).",
+            ))?,
+            ghost_scan_pass_seconds: Gauge::with_opts(opts(
+                "ghost_scan_pass_seconds",
+                "How long the last complete pass of the ghost scan over every pod named by our Endpoints and every Service with Endpoints took.",
+            ))?,
         })
     }
 
-    fn register_all(&self, r: &Registry) -> prometheus::Result<()> {
+    /// Exports every labelled metric's series at 0, from the fixed label sets:
+    /// one line per labelled metric (the tests fail on a labelled metric left out).
+    fn export_fixed_series(&self) -> prometheus::Result<()> {
+        let restart = labels_of(RestartReason::ALL, RestartReason::metric_label);
+        let stale = labels_of(StaleReason::ALL, StaleReason::metric_label);
+        let drift = labels_of(DriftKind::ALL, DriftKind::metric_label);
+        let controllers = labels_of(&Controller::ALL, |c| c.metric_label());
+        zero(&self.reconciles, &[&controllers, RESULTS])?;
+        zero(
+            &self.reconcile_errors,
+            &[&controllers, Error::METRIC_LABELS],
+        )?;
+        zero(&self.reconcile_duration, &[&controllers])?;
+        zero(&self.endpoints_writes, &[VERBS])?;
+        zero(&self.endpointslice_writes, &[VERBS])?;
+        zero(
+            &self.spurious_deletions_prevented,
+            &[&controllers, PREVENTION_REASONS],
+        )?;
+        zero(&self.audit_divergences, &[&controllers, VERBS])?;
+        zero(&self.pod_deletions_held, &[&controllers])?;
+        zero(&self.queue_retries, &[&controllers])?;
+        zero(&self.queue_dropped, &[&controllers])?;
+        zero(&self.resync_drift, &[RESOURCES, &drift])?;
+        zero(&self.watch_restarts, &[RESOURCES, &restart])?;
+        zero(&self.relists, &[RESOURCES])?;
+        zero(&self.stale_events_ignored, &[RESOURCES, &stale])?;
+        zero(&self.rv_regressions, &[RESOURCES])?;
+        zero(&self.undecodable_objects, &[RESOURCES])?;
+        zero(&self.opaque_resource_versions, &[RESOURCES])?;
+        zero(&self.cache_objects, &[RESOURCES])?;
+        zero(&self.cache_tombstones, &[RESOURCES])?;
+        zero(&self.unmanaged_orphans, &[ORPHAN_SCOPES])?;
+        zero(&self.queue_depth, &[&controllers])?;
+        zero(&self.store_rewinds, &[RESOURCES])?;
+        zero(&self.ghosts_found, &[RESOURCES])?;
+        Ok(())
+    }
+
+    fn register_all(&self, r: &impl Register) -> prometheus::Result<()> {
         r.register(Box::new(self.reconciles.clone()))?;
         r.register(Box::new(self.reconcile_errors.clone()))?;
         r.register(Box::new(self.reconcile_duration.clone()))?;
         r.register(Box::new(self.endpoints_writes.clone()))?;
+        r.register(Box::new(self.endpointslice_writes.clone()))?;
         r.register(Box::new(self.spurious_deletions_prevented.clone()))?;
         r.register(Box::new(self.observed_spurious_deletions.clone()))?;
         r.register(Box::new(self.audit_divergences.clone()))?;
         r.register(Box::new(self.pod_deletions_held.clone()))?;
+        r.register(Box::new(self.node_deletions_held.clone()))?;
         r.register(Box::new(self.resync_drift.clone()))?;
         r.register(Box::new(self.resync_duration.clone()))?;
         r.register(Box::new(self.resync_failures.clone()))?;
@@ -228,6 +384,10 @@ impl Metrics {
         r.register(Box::new(self.queue_retries.clone()))?;
         r.register(Box::new(self.queue_dropped.clone()))?;
         r.register(Box::new(self.leader.clone()))?;
+        r.register(Box::new(self.store_rewinds.clone()))?;
+        r.register(Box::new(self.ghosts_found.clone()))?;
+        r.register(Box::new(self.ghost_scan_reads.clone()))?;
+        r.register(Box::new(self.ghost_scan_pass_seconds.clone()))?;
         Ok(())
     }
 
@@ -241,8 +401,8 @@ impl Metrics {
     }
 }
 
-impl crate::watch::WatchObserver for Metrics {
-    fn restart(&self, resource: &'static str, reason: crate::watch::RestartReason) {
+impl hardened_watcher::WatchObserver for Metrics {
+    fn restart(&self, resource: &'static str, reason: hardened_watcher::RestartReason) {
         self.watch_restarts
             .with_label_values(&[resource, reason.metric_label()])
             .inc();
@@ -250,7 +410,7 @@ impl crate::watch::WatchObserver for Metrics {
     fn relist(&self, resource: &'static str) {
         self.relists.with_label_values(&[resource]).inc();
     }
-    fn stale_ignored(&self, resource: &'static str, reason: crate::watch::StaleReason) {
+    fn stale_ignored(&self, resource: &'static str, reason: hardened_watcher::StaleReason) {
         self.stale_events_ignored
             .with_label_values(&[resource, reason.metric_label()])
             .inc();
@@ -268,30 +428,28 @@ impl crate::watch::WatchObserver for Metrics {
             .with_label_values(&[resource])
             .inc();
     }
+    fn drift(&self, resource: &'static str, kind: hardened_watcher::DriftKind) {
+        self.resync_drift
+            .with_label_values(&[resource, kind.metric_label()])
+            .inc();
+    }
+    fn store_rewind(&self, resource: &'static str) {
+        self.store_rewinds.with_label_values(&[resource]).inc();
+    }
+    fn ghost(&self, resource: &'static str) {
+        self.ghosts_found.with_label_values(&[resource]).inc();
+    }
+    fn cache_size(&self, resource: &'static str, live: usize, tombstones: usize) {
+        let gauge = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
+        self.cache_objects
+            .with_label_values(&[resource])
+            .set(gauge(live));
+        self.cache_tombstones
+            .with_label_values(&[resource])
+            .set(gauge(tombstones));
+    }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn renders_prefixed_names() {
-        let m = Metrics::new().expect("metrics");
-        m.spurious_deletions_prevented
-            .with_label_values(&["watch_delete"])
-            .inc();
-        let text = m.render().expect("render");
-        assert!(text.contains(
-            "endpoints_guard_spurious_deletions_prevented_total{reason=\"watch_delete\"} 1"
-        ));
-        for line in text
-            .lines()
-            .filter(|l| !l.starts_with('#') && !l.is_empty())
-        {
-            assert!(
-                line.starts_with("endpoints_guard_"),
-                "unprefixed metric: {line}"
-            );
-        }
-    }
-}
+#[path = "metrics_tests.rs"]
+mod tests;

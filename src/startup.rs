@@ -4,13 +4,14 @@
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Endpoints, Pod, Service};
+use kube::Client;
 use kube::api::ListParams;
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Api, Client};
 
 use crate::config::{Config, Mode};
+use crate::controller;
 use crate::error::{Error, Result};
+use crate::kinds::{EndpointSliceKind, EndpointsKind, Kind, NodeKind, PodKind, ServiceKind};
 
 /// Builds a client from `--kubeconfig`/`$KUBECONFIG`, else in-cluster, else
 /// `~/.kube/config`.
@@ -71,34 +72,32 @@ pub async fn preflight(client: &Client, cfg: &Config) -> Result<()> {
             }
         }
     }
-    let scope = cfg.namespace.as_deref();
-    check_list::<Service>(client, scope, "services").await?;
-    check_list::<Pod>(client, scope, "pods").await?;
-    check_list::<Endpoints>(client, scope, "endpoints").await?;
+    check_list::<ServiceKind>(client, cfg).await?;
+    check_list::<PodKind>(client, cfg).await?;
+    check_list::<EndpointsKind>(client, cfg).await?;
+    check_list::<EndpointSliceKind>(client, cfg).await?;
+    check_list::<NodeKind>(client, cfg).await?;
     if cfg.mode == Mode::Audit {
         tracing::info!("audit mode: nothing will be written");
     }
     Ok(())
 }
 
-async fn check_list<K>(client: &Client, namespace: Option<&str>, resource: &str) -> Result<()>
-where
-    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug,
-    K::DynamicType: Default,
-{
-    let api: Api<K> = match namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    };
+/// Lists one object of kind `K`, if the running controllers watch it.
+async fn check_list<K: Kind>(client: &Client, cfg: &Config) -> Result<()> {
+    if !K::needed(cfg.controller_set()) {
+        return Ok(());
+    }
+    let resource = K::RESOURCE;
+    let namespace = cfg.namespace.as_deref();
+    let api = controller::api::<K>(client, namespace);
     match api.list_metadata(&ListParams::default().limit(1)).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(status)) if status.code == 403 => {
-            let scope = namespace.map_or("cluster-wide".to_string(), |ns| {
-                format!("in namespace {ns}")
-            });
+            let scope = match api.namespace() {
+                Some(ns) => format!("in namespace {ns}"),
+                None => "cluster-wide".to_string(),
+            };
             Err(Error::Config(format!(
                 "forbidden: these credentials may not list {resource} {scope} ({}); grant the ClusterRole from deploy/ or the Helm chart",
                 status.message

@@ -4,12 +4,14 @@
 
 #[allow(dead_code)] // Each test binary uses a different part of the shared helpers.
 mod common;
+#[path = "chart/render.rs"]
+mod render;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use clap::CommandFactory;
 use common::eventually;
 use eg_testsupport::process::{Process, free_port};
@@ -24,87 +26,12 @@ use k8s_openapi::api::core::v1::{Endpoints, Secret, Service, ServiceAccount};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use render::{container, documents, find, helm, root, run, stdout, strings, template};
 use serde_yaml::Value;
 
 const CHART: &str = "charts/endpoints-guard";
 const RELEASE: &str = "endpoints-guard";
 const NAMESPACE: &str = "endpoints-guard";
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn helm() -> PathBuf {
-    match eg_testsupport::binaries::program("helm") {
-        Ok(path) => path,
-        Err(err) => panic!("{err:#}"),
-    }
-}
-
-fn run(cmd: &mut Command) -> Result<Output> {
-    let out = cmd
-        .current_dir(root())
-        .env("HELM", helm())
-        .output()
-        .with_context(|| format!("running {cmd:?}"))?;
-    if !out.status.success() {
-        bail!(
-            "{cmd:?} failed ({}):\n{}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(out)
-}
-
-fn stdout(cmd: &mut Command) -> Result<String> {
-    Ok(String::from_utf8(run(cmd)?.stdout)?)
-}
-
-fn template(sets: &[&str]) -> Result<String> {
-    let mut cmd = Command::new(helm());
-    cmd.args(["template", RELEASE, CHART, "--namespace", NAMESPACE]);
-    for set in sets {
-        cmd.args(["--set", set]);
-    }
-    stdout(&mut cmd)
-}
-
-fn documents(yaml: &str) -> Result<Vec<Value>> {
-    let mut docs = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(yaml) {
-        let value = serde::Deserialize::deserialize(doc)?;
-        if !matches!(value, Value::Null) {
-            docs.push(value);
-        }
-    }
-    Ok(docs)
-}
-
-fn find<'a>(docs: &'a [Value], kind: &str) -> Result<&'a Value> {
-    docs.iter()
-        .find(|d| d["kind"].as_str() == Some(kind))
-        .with_context(|| format!("no {kind} rendered"))
-}
-
-fn container<'a>(deployment: &'a Value, name: &str) -> Result<&'a Value> {
-    deployment["spec"]["template"]["spec"]["containers"]
-        .as_sequence()
-        .into_iter()
-        .flatten()
-        .find(|c| c["name"].as_str() == Some(name))
-        .with_context(|| format!("no container {name}"))
-}
-
-fn strings(value: &Value) -> Vec<String> {
-    value
-        .as_sequence()
-        .into_iter()
-        .flatten()
-        .filter_map(|v| v.as_str().map(str::to_string))
-        .collect()
-}
 
 #[test]
 fn helm_lint_passes_with_and_without_the_optional_parts() -> Result<()> {
@@ -255,6 +182,7 @@ fn values_are_checked() -> Result<()> {
         .collect();
     for want in [
         "EndpointsGuardSpuriousDeletionsPrevented",
+        "EndpointsGuardObservedSpuriousDeletions",
         "EndpointsGuardResyncDrift",
         "EndpointsGuardResyncStale",
         "EndpointsGuardNotReady",

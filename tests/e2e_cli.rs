@@ -58,6 +58,29 @@ fn missing_kubeconfig_is_one_clear_line() {
     );
 }
 
+/// Flags that cannot work together fail before anything is read or dialled:
+/// here the kubeconfig does not even exist.
+#[test]
+fn bad_leader_election_flags_fail_before_any_connection() {
+    let started = Instant::now();
+    let out = run(&[
+        "--kubeconfig",
+        "/nonexistent/kubeconfig",
+        "--leader-elect",
+        "--leader-election-lease-duration",
+        "5s",
+        "--leader-election-renew-grace",
+        "5s",
+    ]);
+    assert!(!out.status.success());
+    let line = final_line(&out);
+    assert!(
+        line.contains("renew grace") && !line.contains("kubeconfig"),
+        "{line}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
 #[test]
 fn malformed_kubeconfig_is_one_clear_line() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -179,16 +179,11 @@ async fn parity_with_kube_controller_manager() -> anyhow::Result<()> {
         "endpoints_guard_writes": writes,
         "scale": if full { "full" } else { "small" },
     });
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/parity");
-    std::fs::create_dir_all(&dir)?;
-    std::fs::write(
-        dir.join("report.json"),
-        serde_json::to_string_pretty(&report)?,
-    )?;
+    let path = workload::write_parity_report("report.json", &report)?;
     eprintln!(
         "parity: {identical} identical, {} different; report in {}",
         different.len(),
-        dir.join("report.json").display()
+        path.display()
     );
     assert!(
         ours.get(&format!("{}/big", wl.namespaces[0]))

@@ -40,13 +40,18 @@ fn address_equal(a: &EndpointAddress, b: &EndpointAddress) -> bool {
         && go_str(&a.hostname) == go_str(&b.hostname)
         && a.node_name == b.node_name
         && match (&a.target_ref, &b.target_ref) {
-            (Some(x), Some(y)) => reference_equal_ignoring_resource_version(x, y),
+            (Some(x), Some(y)) => references_equal_ignoring_resource_version(x, y),
             (None, None) => true,
             _ => false,
         }
 }
 
-fn reference_equal_ignoring_resource_version(a: &ObjectReference, b: &ObjectReference) -> bool {
+/// Upstream's ObjectReference comparison for both controllers: every field the
+/// Go way (absent is ""), except resourceVersion.
+pub(crate) fn references_equal_ignoring_resource_version(
+    a: &ObjectReference,
+    b: &ObjectReference,
+) -> bool {
     go_str(&a.kind) == go_str(&b.kind)
         && go_str(&a.namespace) == go_str(&b.namespace)
         && go_str(&a.name) == go_str(&b.name)

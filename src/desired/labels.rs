@@ -13,14 +13,14 @@ use super::capacity::{
 };
 use super::equality::subsets_equal_ignoring_resource_version;
 use super::repack::{AppProtocolIdentity, repack_subsets};
-use super::trigger::{ANNOTATION_LAST_CHANGE_TRIGGER_TIME, format_rfc3339_nano};
+use super::trigger::set_trigger_time_annotation;
 use super::{ComputedSubsets, LABEL_MANAGED_BY};
 
 /// Label upstream puts on the Endpoints of a Service without a cluster IP.
 pub const LABEL_HEADLESS: &str = "service.kubernetes.io/headless";
 
 /// Upstream's IsServiceIPSet: a cluster IP that is neither "None" nor empty.
-fn has_cluster_ip(svc: &Service) -> bool {
+pub(crate) fn has_cluster_ip(svc: &Service) -> bool {
     let cluster_ip = svc
         .spec
         .as_ref()
@@ -96,17 +96,7 @@ pub fn build_endpoints(
     endpoints.subsets = Some(subsets);
 
     let mut annotations = endpoints.metadata.annotations.take().unwrap_or_default();
-    match trigger_time {
-        Some(time) => {
-            annotations.insert(
-                ANNOTATION_LAST_CHANGE_TRIGGER_TIME.to_string(),
-                format_rfc3339_nano(time),
-            );
-        }
-        None => {
-            annotations.remove(ANNOTATION_LAST_CHANGE_TRIGGER_TIME);
-        }
-    }
+    set_trigger_time_annotation(&mut annotations, trigger_time);
     if truncated {
         annotations.insert(
             ANNOTATION_OVER_CAPACITY.to_string(),

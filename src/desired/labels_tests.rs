@@ -8,21 +8,17 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::Timestamp;
 
 use super::*;
-use crate::desired::testkit::{address, pod, pod_ref, service, service_port, spec_mut, subset};
-use crate::desired::{
-    MANAGER, MAX_ADDRESSES, PodFields, PodInfo, UPSTREAM_MANAGER, compute_subsets,
+use crate::desired::testkit::{
+    address, pod, pod_ref, service, service_port, spec_mut, string_map, subset,
 };
-
-fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-    pairs
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
+use crate::desired::{
+    ANNOTATION_LAST_CHANGE_TRIGGER_TIME, MANAGER, MAX_ADDRESSES, PodFields, PodInfo,
+    UPSTREAM_MANAGER, compute_subsets,
+};
 
 fn labelled_service(labels: &[(&str, &str)]) -> Service {
     let mut svc = service(vec![service_port("http", 80, Some(IntOrString::Int(8080)))]);
-    svc.metadata.labels = Some(map(labels));
+    svc.metadata.labels = Some(string_map(labels));
     svc
 }
 
@@ -50,12 +46,12 @@ fn labels_rules() {
         (
             "service labels + managed-by, headless label removed",
             &plain,
-            map(&[("app", "web"), (LABEL_MANAGED_BY, MANAGER)]),
+            string_map(&[("app", "web"), (LABEL_MANAGED_BY, MANAGER)]),
         ),
         (
             "headless label when clusterIP None",
             &headless,
-            map(&[
+            string_map(&[
                 ("app", "web"),
                 (LABEL_HEADLESS, ""),
                 (LABEL_MANAGED_BY, MANAGER),
@@ -64,7 +60,7 @@ fn labels_rules() {
         (
             "headless label when clusterIP empty",
             &no_cluster_ip,
-            map(&[(LABEL_HEADLESS, ""), (LABEL_MANAGED_BY, MANAGER)]),
+            string_map(&[(LABEL_HEADLESS, ""), (LABEL_MANAGED_BY, MANAGER)]),
         ),
     ];
     for (case, svc, expected) in cases {
@@ -74,16 +70,16 @@ fn labels_rules() {
 
 #[test]
 fn label_check_rules() {
-    let svc_labels = map(&[("app", "web")]);
+    let svc_labels = string_map(&[("app", "web")]);
     let cases = [
         (
             "mirror + managed-by",
-            map(&[("app", "web"), (LABEL_MANAGED_BY, MANAGER)]),
+            string_map(&[("app", "web"), (LABEL_MANAGED_BY, MANAGER)]),
             true,
         ),
         (
             "headless label ignored when present",
-            map(&[
+            string_map(&[
                 ("app", "web"),
                 (LABEL_HEADLESS, ""),
                 (LABEL_MANAGED_BY, MANAGER),
@@ -92,23 +88,23 @@ fn label_check_rules() {
         ),
         (
             "managed-by of upstream is not ours",
-            map(&[("app", "web"), (LABEL_MANAGED_BY, UPSTREAM_MANAGER)]),
+            string_map(&[("app", "web"), (LABEL_MANAGED_BY, UPSTREAM_MANAGER)]),
             false,
         ),
-        ("managed-by missing", map(&[("app", "web")]), false),
+        ("managed-by missing", string_map(&[("app", "web")]), false),
         (
             "extra label",
-            map(&[("app", "web"), ("x", "y"), (LABEL_MANAGED_BY, MANAGER)]),
+            string_map(&[("app", "web"), ("x", "y"), (LABEL_MANAGED_BY, MANAGER)]),
             false,
         ),
         (
             "missing service label",
-            map(&[(LABEL_MANAGED_BY, MANAGER)]),
+            string_map(&[(LABEL_MANAGED_BY, MANAGER)]),
             false,
         ),
         (
             "different value",
-            map(&[("app", "db"), (LABEL_MANAGED_BY, MANAGER)]),
+            string_map(&[("app", "db"), (LABEL_MANAGED_BY, MANAGER)]),
             false,
         ),
     ];
@@ -120,8 +116,8 @@ fn label_check_rules() {
         );
     }
     // Upstream's count check: a Service carrying the headless key never matches.
-    let odd_service = map(&[(LABEL_HEADLESS, "")]);
-    let current = map(&[(LABEL_HEADLESS, ""), (LABEL_MANAGED_BY, MANAGER)]);
+    let odd_service = string_map(&[(LABEL_HEADLESS, "")]);
+    let current = string_map(&[(LABEL_HEADLESS, ""), (LABEL_MANAGED_BY, MANAGER)]);
     assert!(!labels_correct(Some(&current), Some(&odd_service), MANAGER));
 }
 
@@ -137,14 +133,14 @@ fn build_for_create() {
     assert_eq!(built.subsets, Some(computed.subsets));
     assert_eq!(
         built.metadata.annotations,
-        Some(map(&[(
+        Some(string_map(&[(
             ANNOTATION_LAST_CHANGE_TRIGGER_TIME,
             "2024-03-05T06:08:09.5Z"
         )]))
     );
     assert_eq!(
         built.metadata.labels,
-        Some(map(&[("app", "web"), (LABEL_MANAGED_BY, MANAGER)]))
+        Some(string_map(&[("app", "web"), (LABEL_MANAGED_BY, MANAGER)]))
     );
 }
 
@@ -156,11 +152,11 @@ fn build_for_update_keeps_annotations_and_metadata() {
             name: Some("web".into()),
             namespace: Some("default".into()),
             resource_version: Some("17".into()),
-            labels: Some(map(&[
+            labels: Some(string_map(&[
                 ("old", "label"),
                 (LABEL_MANAGED_BY, UPSTREAM_MANAGER),
             ])),
-            annotations: Some(map(&[
+            annotations: Some(string_map(&[
                 ("keep", "me"),
                 (ANNOTATION_LAST_CHANGE_TRIGGER_TIME, "2020-01-01T00:00:00Z"),
                 (ANNOTATION_OVER_CAPACITY, "truncated"),
@@ -189,12 +185,12 @@ fn build_for_update_keeps_annotations_and_metadata() {
     assert_eq!(built.metadata.finalizers, current.metadata.finalizers);
     assert_eq!(
         built.metadata.annotations,
-        Some(map(&[("keep", "me")])),
+        Some(string_map(&[("keep", "me")])),
         "existing annotations kept; unknown trigger time and over-capacity removed"
     );
     assert_eq!(
         built.metadata.labels,
-        Some(map(&[("app", "web"), (LABEL_MANAGED_BY, MANAGER)])),
+        Some(string_map(&[("app", "web"), (LABEL_MANAGED_BY, MANAGER)])),
         "labels replaced"
     );
     assert_eq!(
@@ -263,10 +259,12 @@ fn write_decisions() {
     let mut other_subsets = up_to_date.clone();
     other_subsets.subsets = Some(vec![]);
     let mut stale_labels = up_to_date.clone();
-    stale_labels.metadata.labels = Some(map(&[(LABEL_MANAGED_BY, MANAGER)]));
+    stale_labels.metadata.labels = Some(string_map(&[(LABEL_MANAGED_BY, MANAGER)]));
     let mut upstream_owned = up_to_date.clone();
-    upstream_owned.metadata.labels =
-        Some(map(&[("app", "web"), (LABEL_MANAGED_BY, UPSTREAM_MANAGER)]));
+    upstream_owned.metadata.labels = Some(string_map(&[
+        ("app", "web"),
+        (LABEL_MANAGED_BY, UPSTREAM_MANAGER),
+    ]));
     let mut stale_capacity = up_to_date.clone();
     stale_capacity
         .metadata

@@ -12,7 +12,8 @@
 //! normalises IP text, `repack` builds the canonical subset layout whose order
 //! comes from `spew` digests, `capacity` applies the 1000-address cap,
 //! `labels` builds the object and decides whether to write, `trigger` formats
-//! the trigger time.
+//! the trigger time. `slices` does the same for EndpointSlices, reusing the
+//! pod projection, port resolution, IP normalisation and hostname rule.
 //!
 //! Notes on the API contract:
 //! - Upstream orders ports and subsets by FNV-1a 128 digests (not MD5) of a
@@ -38,6 +39,7 @@ mod packed;
 mod pod;
 mod ports;
 mod repack;
+pub mod slices;
 mod spew;
 mod trigger;
 
@@ -204,19 +206,25 @@ fn endpoint_address(svc: &Service, pod: &PodInfo) -> Option<EndpointAddress> {
             .flatten(),
         // Upstream points at the pod's nodeName field, so it is written even when "".
         node_name: Some(pod.node_name().unwrap_or_default().to_string()),
-        target_ref: Some(ObjectReference {
-            kind: Some("Pod".to_string()),
-            namespace: Some(pod.namespace().to_string()),
-            name: Some(pod.name().to_string()),
-            uid: (!pod.uid().is_empty()).then(|| pod.uid().to_string()),
-            ..ObjectReference::default()
-        }),
+        target_ref: Some(pod_reference(pod)),
     })
+}
+
+/// The targetRef both controllers write for a pod: kind, namespace, name and
+/// uid (an empty uid is omitted, as Go's `omitempty` does).
+pub(crate) fn pod_reference(pod: &PodInfo) -> ObjectReference {
+    ObjectReference {
+        kind: Some("Pod".to_string()),
+        namespace: Some(pod.namespace().to_string()),
+        name: Some(pod.name().to_string()),
+        uid: (!pod.uid().is_empty()).then(|| pod.uid().to_string()),
+        ..ObjectReference::default()
+    }
 }
 
 /// Upstream's ShouldSetHostname: a non-empty hostname and a subdomain equal to
 /// the Service's name in the same namespace (headless or not).
-fn should_set_hostname(svc: &Service, pod: &PodInfo) -> bool {
+pub(crate) fn should_set_hostname(svc: &Service, pod: &PodInfo) -> bool {
     let has_hostname = pod.hostname().is_some_and(|h| !h.is_empty());
     let service_name = svc.metadata.name.as_deref().unwrap_or("");
     let service_namespace = svc.metadata.namespace.as_deref().unwrap_or("");

@@ -39,25 +39,16 @@ pub(crate) fn endpoint_port(service_port: &ServicePort, number: i32) -> Endpoint
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::desired::NamedPort;
-    use crate::desired::testkit::{pod, service_port};
-
-    fn named(name: &str, number: i32, protocol: &str) -> NamedPort {
-        NamedPort {
-            name: name.into(),
-            container_port: number,
-            protocol: protocol.into(),
-        }
-    }
+    use crate::desired::testkit::{named_port, pod, service_port};
 
     #[test]
     fn target_port_resolution_rules() {
         let mut pod = pod("a", "10.0.0.1");
         pod.container_ports = vec![
-            named("dns", 5353, "UDP"),
-            named("http", 8080, "TCP"),
-            named("http", 8081, "TCP"),
-            named("sidecar-metrics", 9100, "TCP"),
+            named_port("dns", 5353, "UDP"),
+            named_port("http", 8080, "TCP"),
+            named_port("http", 8081, "TCP"),
+            named_port("sidecar-metrics", 9100, "TCP"),
         ];
         let mut udp = service_port("dns", 53, Some(IntOrString::String("dns".into())));
         udp.protocol = Some("UDP".into());

@@ -6,7 +6,9 @@
 //! with the configuration of `k8s.io/utils/dump.ForHash` (methods disabled, no
 //! pointer addresses, no capacities). Since that order ends up in the object we
 //! write, reproducing it byte for byte is the only way to write what upstream
-//! writes. Only the shapes of `v1.EndpointPort` and `v1.EndpointSubset` are needed.
+//! writes. Only the shapes of core `v1.EndpointPort` and `v1.EndpointSubset` are
+//! needed, and for EndpointSlices (`k8s.io/endpointslice/util` NewPortMapKey) the
+//! shape of discovery `v1.EndpointPort`, whose fields are all pointers.
 //!
 //! The rendering rules that matter here, all checked against golden values from
 //! the real Go code in the tests below:
@@ -19,6 +21,7 @@
 //!   by the pointee without another type prefix; an empty slice is `[]`.
 
 use k8s_openapi::api::core::v1::{EndpointAddress, EndpointPort, EndpointSubset, ObjectReference};
+use k8s_openapi::api::discovery::v1::EndpointPort as SlicePort;
 
 /// A 128-bit FNV-1a digest; comparing these numbers compares upstream's
 /// big-endian digest bytes.
@@ -36,6 +39,11 @@ pub(crate) fn fnv1a_128(bytes: &[u8]) -> Digest {
 /// Sort key of an EndpointPort inside its subset.
 pub(crate) fn port_digest(port: &EndpointPort) -> Digest {
     fnv1a_128(render_port(port).as_bytes())
+}
+
+/// Sort key of an EndpointSlice port among the ports of its slice.
+pub(crate) fn slice_port_digest(port: &SlicePort) -> Digest {
+    fnv1a_128(render_slice_port(port).as_bytes())
 }
 
 /// Sort key of a subset among the subsets.
@@ -62,6 +70,24 @@ pub(crate) fn render_subset(subset: &EndpointSubset) -> String {
     );
     out.push_str(" Ports:([]v1.EndpointPort)");
     write_slice(&mut out, subset.ports.as_deref(), write_port_fields);
+    out.push('}');
+    out
+}
+
+/// `%#v` of a discovery `v1.EndpointPort` passed by value: every field is a
+/// pointer, so each carries its type and may be `<nil>`.
+pub(crate) fn render_slice_port(port: &SlicePort) -> String {
+    let mut out = String::from("(v1.EndpointPort){Name:");
+    write_string_pointer(&mut out, &port.name);
+    out.push_str(" Protocol:(*v1.Protocol)");
+    out.push_str(port.protocol.as_deref().unwrap_or("<nil>"));
+    out.push_str(" Port:(*int32)");
+    match port.port {
+        Some(number) => out.push_str(&number.to_string()),
+        None => out.push_str("<nil>"),
+    }
+    out.push_str(" AppProtocol:");
+    write_string_pointer(&mut out, &port.app_protocol);
     out.push('}');
     out
 }

@@ -1,6 +1,8 @@
 //! Golden values printed by upstream Go code (k8s.io/kubernetes v1.36.3:
 //! `hashutil.DeepHashObject` with `fnv.New128a()` and `dump.ForHash`) for the
-//! same inputs; our rendering and digest must match them exactly.
+//! same inputs (discovery ports: `dump.ForHash` of a `discovery/v1.EndpointPort`,
+//! the value upstream's NewPortMapKey sorts by); our rendering and digest must
+//! match them exactly.
 
 use super::*;
 use crate::desired::testkit::{address, pod_ref, port, subset};
@@ -129,5 +131,65 @@ fn subset_renderings_and_digests_match_upstream() {
     for (case, value, rendering, digest) in cases {
         assert_eq!(render_subset(&value), rendering, "{case}");
         assert_eq!(hex(subset_digest(&value)), digest, "{case}");
+    }
+}
+
+#[test]
+fn slice_port_renderings_and_digests_match_upstream() {
+    let slice_port = |name: Option<&str>,
+                      number: Option<i32>,
+                      protocol: Option<&str>,
+                      app: Option<&str>| SlicePort {
+        name: name.map(str::to_string),
+        port: number,
+        protocol: protocol.map(str::to_string),
+        app_protocol: app.map(str::to_string),
+    };
+    let cases = [
+        (
+            "named TCP port",
+            slice_port(Some("http"), Some(8080), Some("TCP"), None),
+            "(v1.EndpointPort){Name:(*string)http Protocol:(*v1.Protocol)TCP Port:(*int32)8080 AppProtocol:(*string)<nil>}",
+            "0e874d5677090ee5c32afa85f637c347",
+        ),
+        (
+            "name pointing at the empty string",
+            slice_port(Some(""), Some(80), Some("TCP"), None),
+            "(v1.EndpointPort){Name:(*string) Protocol:(*v1.Protocol)TCP Port:(*int32)80 AppProtocol:(*string)<nil>}",
+            "73b52e075e78e70787d5e6ffd2212eef",
+        ),
+        (
+            "udp",
+            slice_port(Some("dns"), Some(5353), Some("UDP"), None),
+            "(v1.EndpointPort){Name:(*string)dns Protocol:(*v1.Protocol)UDP Port:(*int32)5353 AppProtocol:(*string)<nil>}",
+            "2ad1166c099e59f4bd62c090f7f70904",
+        ),
+        (
+            "appProtocol set",
+            slice_port(
+                Some("grpc"),
+                Some(9090),
+                Some("TCP"),
+                Some("kubernetes.io/h2c"),
+            ),
+            "(v1.EndpointPort){Name:(*string)grpc Protocol:(*v1.Protocol)TCP Port:(*int32)9090 AppProtocol:(*string)kubernetes.io/h2c}",
+            "1fdbc42154e9ebd6db4993d21b99f4f0",
+        ),
+        (
+            "appProtocol pointing at the empty string",
+            slice_port(Some("metrics"), Some(9100), Some("TCP"), Some("")),
+            "(v1.EndpointPort){Name:(*string)metrics Protocol:(*v1.Protocol)TCP Port:(*int32)9100 AppProtocol:(*string)}",
+            "c30a8fcf31e6f99efdd02b40f864970d",
+        ),
+        (
+            "every pointer nil",
+            slice_port(None, None, None, None),
+            "(v1.EndpointPort){Name:(*string)<nil> Protocol:(*v1.Protocol)<nil> Port:(*int32)<nil> AppProtocol:(*string)<nil>}",
+            "ad866eb7cd5162a9e20434ebd9deeacd",
+        ),
+    ];
+    for (case, value, rendering, digest) in cases {
+        assert_eq!(render_slice_port(&value), rendering, "{case}");
+        assert_eq!(hex(slice_port_digest(&value)), digest, "{case}");
     }
 }

@@ -76,6 +76,23 @@ pub fn pod(name: &str, ip: &str) -> PodFields {
     }
 }
 
+/// A label or annotation map from pairs.
+pub fn string_map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// A named container port.
+pub fn named_port(name: &str, number: i32, protocol: &str) -> NamedPort {
+    NamedPort {
+        name: name.into(),
+        container_port: number,
+        protocol: protocol.into(),
+    }
+}
+
 pub fn service_port(name: &str, number: i32, target: Option<IntOrString>) -> ServicePort {
     ServicePort {
         name: (!name.is_empty()).then(|| name.to_string()),

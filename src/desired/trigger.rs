@@ -1,5 +1,7 @@
 //! The `endpoints.kubernetes.io/last-change-trigger-time` value.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::jiff::Timestamp;
 use k8s_openapi::jiff::tz::Offset;
 
@@ -26,6 +28,25 @@ pub fn trigger_time(
         .filter_map(|pod| pod.ready_transition())
         .chain(svc_is_new_or_changed)
         .min()
+}
+
+/// Upstream's handling of the annotation on every object it writes (both
+/// controllers): the trigger time when known, otherwise no annotation.
+pub(crate) fn set_trigger_time_annotation(
+    annotations: &mut BTreeMap<String, String>,
+    trigger_time: Option<Timestamp>,
+) {
+    match trigger_time {
+        Some(time) => {
+            annotations.insert(
+                ANNOTATION_LAST_CHANGE_TRIGGER_TIME.to_string(),
+                format_rfc3339_nano(time),
+            );
+        }
+        None => {
+            annotations.remove(ANNOTATION_LAST_CHANGE_TRIGGER_TIME);
+        }
+    }
 }
 
 /// Go's `t.UTC().Format(time.RFC3339Nano)`: UTC with a `Z`, fractional seconds

@@ -1,27 +1,34 @@
-//! The deletion guard: nothing is taken away on the word of the cache alone.
-//! Before Endpoints are deleted the Service is read live; before a pod's address is
-//! dropped after a watch DELETE, the pod is read live. A live read that finds the
-//! object repairs the cache, and the prevention is counted, logged and reported
-//! as a Kubernetes Event.
+//! The deletion guard, for both controllers: nothing is taken away on the word
+//! of the cache alone. Before Endpoints or EndpointSlices are deleted the
+//! Service is read live; before a pod's address is dropped after a watch
+//! DELETE, the pod is read live; before the endpoints of pods on a Node the
+//! cache lacks are dropped, the Node is read live. A live read that finds the
+//! object repairs the cache, and the prevention is counted (labelled by
+//! controller), logged and, for a Service, reported as a Kubernetes Event.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Endpoints, ObjectReference, Pod, Service};
-use kube::Api;
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod, Service};
 use kube::runtime::events::{Event, EventType};
 use tracing::{info, warn};
 
 use super::Context;
-use super::objects::strip_managed_fields;
+use super::objects::{CachedNode, CachedService, strip_managed_fields};
+use crate::config::Controller;
 use crate::desired::{self, PodInfo};
 use crate::error::{Error, Result};
-use crate::watch::{DeletionSource, ObjectKey};
+use hardened_watcher::{Cached, Confirmation, DeletionSource, LiveRead, ObjectKey, Whole, live};
 
+/// What a live read of a Service found.
 pub enum ServiceLookup {
-    Exists(Arc<Service>),
+    Exists(Arc<CachedService>),
     Gone,
 }
+
+/// Every value [`prevention_reason`] returns (add new ones here too): the
+/// metrics export each at 0 from start-up.
+pub const PREVENTION_REASONS: &[&str] = &["watch_delete", "missing_from_list", "not_in_cache"];
 
 /// Why the cache lacked a Service that a live read found: the bounded `reason`
 /// label of `endpoints_guard_spurious_deletions_prevented_total`.
@@ -33,44 +40,55 @@ fn prevention_reason(source: Option<DeletionSource>) -> &'static str {
     }
 }
 
-/// Reads the Service live (a GET is served from etcd, so it is current).
-pub async fn lookup_service(ctx: &Context, key: &ObjectKey) -> Result<ServiceLookup> {
-    let api: Api<Service> = Api::namespaced(ctx.client.clone(), &key.namespace);
-    let live = api
-        .get_opt(&key.name)
+/// What `controller` writes, for log lines and Event notes.
+fn written(controller: Controller) -> &'static str {
+    match controller {
+        Controller::Endpoints => "Endpoints",
+        Controller::Endpointslices => "EndpointSlices",
+    }
+}
+
+/// Reads the Service live for `controller`, which would delete what it made
+/// for the Service (a GET is served from etcd, so it is current). Only a
+/// NotFound naming this Service is "gone" (see `hardened_watcher::live`).
+pub async fn lookup_service(
+    ctx: &Context,
+    controller: Controller,
+    key: &ObjectKey,
+) -> Result<ServiceLookup> {
+    let store = &ctx.stores.services;
+    let stamp = store.read_stamp();
+    let read = live::get::<Service>(&ctx.client, &(), key)
         .await
         .map_err(|e| Error::kube("confirming the Service is gone", key.to_string(), e))?;
-    let tombstone = ctx.stores.services.read().tombstone(key).map(|t| {
-        (
-            t.source,
-            t.last_known.metadata.uid.clone().unwrap_or_default(),
-        )
-    });
+    let tombstone = store
+        .read()
+        .tombstone(key)
+        .map(|t| (t.source, t.last_known.uid().to_owned()));
     let source = tombstone.as_ref().map(|(source, _)| *source);
-    match live {
-        None => {
+    match read {
+        LiveRead::Gone => {
             if let Some((_, uid)) = tombstone {
-                ctx.stores.services.write().confirm_deleted(key, &uid);
+                store.confirm_deleted(key, &uid, Confirmation::LiveRead);
             }
             Ok(ServiceLookup::Gone)
         }
-        Some(svc) => {
+        LiveRead::Found(svc) => {
             let reason = prevention_reason(source);
             ctx.metrics
                 .spurious_deletions_prevented
-                .with_label_values(&[reason])
+                .with_label_values(&[controller.metric_label(), reason])
                 .inc();
+            let what = written(controller);
             warn!(
                 %key,
+                %controller,
                 reason,
-                "spurious Endpoints deletion prevented: the cache lacked the Service but the API has it"
+                "spurious {what} deletion prevented: the cache lacked the Service but the API has it"
             );
-            ctx.stores
-                .services
-                .write()
-                .restore(strip_managed_fields(svc.clone()));
+            store.restore(Whole(strip_managed_fields(svc.clone())), &stamp);
             let note = format!(
-                "Endpoints deletion prevented: the watch cache lacked this Service ({reason}) but a live read found it; cache repaired"
+                "{what} deletion prevented: the watch cache lacked this Service ({reason}) but a live read found it; cache repaired"
             );
             publish(
                 ctx,
@@ -81,33 +99,23 @@ pub async fn lookup_service(ctx: &Context, key: &ObjectKey) -> Result<ServiceLoo
                 note,
             )
             .await;
-            Ok(ServiceLookup::Exists(Arc::new(svc)))
+            Ok(ServiceLookup::Exists(Arc::new(Whole(svc))))
         }
     }
 }
 
-/// Pods named by the current Endpoints but missing from the pod cache after a
-/// watch DELETE are read live; if the same pod (same UID) is still there, it goes
-/// back into the cache and into `pods`.
-pub async fn hold_unconfirmed_pod_deletions(
+/// Pods named by what `controller` wrote (`referenced`: the targetRefs of
+/// the current Endpoints or slices, in `namespace`) but missing from the pod
+/// cache after a watch DELETE are read live; if the same pod (same UID) is
+/// still there, it goes back into the cache and into `pods`.
+pub async fn hold_unconfirmed_pod_deletions<'r>(
     ctx: &Context,
-    current: &Endpoints,
+    controller: Controller,
+    namespace: &str,
+    referenced: impl IntoIterator<Item = &'r ObjectReference>,
     selector: &BTreeMap<String, String>,
     pods: &mut Vec<Arc<PodInfo>>,
 ) -> Result<()> {
-    let namespace = current.metadata.namespace.clone().unwrap_or_default();
-    let referenced = current
-        .subsets
-        .iter()
-        .flatten()
-        .flat_map(|s| {
-            s.addresses
-                .iter()
-                .flatten()
-                .chain(s.not_ready_addresses.iter().flatten())
-        })
-        .filter_map(|a| a.target_ref.as_ref())
-        .filter(|r| r.kind.as_deref() == Some("Pod"));
     let selected: HashSet<&str> = pods.iter().map(|p| p.name()).collect();
     let mut suspects: Vec<(ObjectKey, String)> = Vec::new();
     for target in referenced {
@@ -117,10 +125,7 @@ pub async fn hold_unconfirmed_pod_deletions(
         if selected.contains(name.as_str()) {
             continue;
         }
-        let key = ObjectKey {
-            namespace: namespace.clone(),
-            name: name.clone(),
-        };
+        let key = ObjectKey::new(namespace, name.as_str());
         let cache = ctx.stores.pods.read();
         let tombstoned_same_pod = cache
             .tombstone(&key)
@@ -129,31 +134,64 @@ pub async fn hold_unconfirmed_pod_deletions(
             suspects.push((key, uid.clone()));
         }
     }
+    let store = &ctx.stores.pods;
     for (key, uid) in suspects {
-        let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &key.namespace);
-        let live = api
-            .get_opt(&key.name)
+        let stamp = store.read_stamp();
+        let read = live::get::<Pod>(&ctx.client, &(), &key)
             .await
             .map_err(|e| Error::kube("confirming a pod is gone", key.to_string(), e))?;
-        let still_there = live
-            .as_ref()
-            .and_then(PodInfo::from_pod)
-            .filter(|p| p.uid() == uid);
+        let still_there = match &read {
+            LiveRead::Found(pod) => PodInfo::from_pod(pod).filter(|p| p.uid() == uid),
+            LiveRead::Gone => None,
+        };
         match still_there {
             Some(info) => {
-                ctx.metrics.pod_deletions_held.inc();
-                info!(pod = %key, "pod still exists after a watch DELETE; keeping its address");
-                ctx.stores.pods.write().restore(info.clone());
+                ctx.metrics
+                    .pod_deletions_held
+                    .with_label_values(&[controller.metric_label()])
+                    .inc();
+                info!(pod = %key, %controller, "pod still exists after a watch DELETE; keeping its address");
+                store.restore(info.clone(), &stamp);
                 if desired::selector_matches(selector, &info) {
                     pods.push(Arc::new(info));
                 }
             }
+            // Gone, or replaced by another pod of the same name: this one is
+            // confirmed gone by the read.
             None => {
-                ctx.stores.pods.write().confirm_deleted(&key, &uid);
+                store.confirm_deleted(&key, &uid, Confirmation::LiveRead);
             }
         }
     }
     Ok(())
+}
+
+/// The Nodes among `names` that the cache lacks are read live; one found
+/// goes back into the cache (its pods' endpoints stay), one gone is left out
+/// as upstream leaves it. Returns how many were found.
+pub async fn hold_unconfirmed_nodes(ctx: &Context, names: &[String]) -> Result<usize> {
+    let store = &ctx.stores.nodes;
+    let mut found = 0;
+    for name in names {
+        let key = ObjectKey::new("", name.as_str());
+        if store.get(&key).is_some() {
+            continue;
+        }
+        let stamp = store.read_stamp();
+        let read = live::get::<Node>(&ctx.client, &(), &key)
+            .await
+            .map_err(|e| Error::kube("confirming a Node is gone", name.clone(), e))?;
+        let LiveRead::Found(node) = read else {
+            continue;
+        };
+        if let Some(cached) = CachedNode::new(&node) {
+            ctx.metrics.node_deletions_held.inc();
+            info!(node = %name, "Node missing from the cache exists; keeping the endpoints on it");
+            store.restore(cached, &stamp);
+            found += 1;
+        }
+    }
+    Ok(found)
 }
 
 fn svc_reference(key: &ObjectKey, uid: Option<String>) -> ObjectReference {
@@ -228,6 +266,18 @@ fn truncate_note(mut note: String) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prevention_reasons_are_all_listed() {
+        let produced: HashSet<_> = DeletionSource::ALL
+            .iter()
+            .map(|s| prevention_reason(Some(*s)))
+            .chain([prevention_reason(None)])
+            .collect();
+        let listed: HashSet<_> = PREVENTION_REASONS.iter().copied().collect();
+        assert_eq!(produced, listed);
+        assert_eq!(listed.len(), PREVENTION_REASONS.len());
+    }
 
     #[test]
     fn notes_fit_the_api_limit_on_a_char_boundary() {

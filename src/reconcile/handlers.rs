@@ -1,20 +1,25 @@
-//! From cache changes to queue keys: which Services a change concerns.
+//! From cache changes to queue keys: which Services a change concerns. The
+//! watchers call these as their sinks, for watch events, list diffs and
+//! repairs alike.
+
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Service;
-use kube::Api;
 use tracing::warn;
 
 use super::Context;
-use super::objects::{CachedEndpoints, TargetRefUid};
+use super::objects::{CachedEndpoints, CachedNode, CachedService, CachedSlice, TargetRefUid};
+use crate::config::Controller;
+use crate::desired::slices::{HintMode, hint_mode};
 use crate::desired::{self, PodInfo};
-use crate::watch::{Cached, Change, ObjectKey};
+use hardened_watcher::{Cached, Change, Confirmation, LiveRead, ObjectKey, live};
 
-pub fn on_service(ctx: &Context, change: &Change<Service>) {
+pub fn on_service(ctx: &Context, change: &Change<CachedService>) {
     let svc = match change {
         Change::Added(s) | Change::DeletionCandidate(s) => s,
         Change::Updated { new, .. } => new,
     };
-    ctx.queue.add(svc.key());
+    ctx.enqueue(svc.key());
 }
 
 /// A pod change concerns the Services selecting it before and after; a change to
@@ -41,27 +46,119 @@ pub fn on_pod(ctx: &Context, change: &Change<PodInfo>) {
         let selects_new = desired::selector_matches(selector, new.as_ref());
         let selects_old = old.is_some_and(|o| desired::selector_matches(selector, o.as_ref()));
         if selects_new || selects_old {
-            ctx.queue.add(svc.key());
+            ctx.enqueue(svc.key());
         }
     }
 }
 
-/// A deleted pod that no cached Endpoints names has no address to guard: its
+/// A deleted pod that nothing of ours names has no address to guard: its
 /// tombstone goes now. One that is named waits for the reconcile of its
 /// Service, which reads the pod live before dropping the address.
 fn release_if_unreferenced(ctx: &Context, pod: &PodInfo) {
-    let uid = TargetRefUid::new(pod.uid());
-    let referenced = ctx
-        .stores
-        .endpoints
-        .read()
-        .in_namespace(pod.namespace())
-        .any(|ep| ep.references(&uid));
-    if !referenced {
+    if !pod_referenced(ctx, pod.namespace(), pod.uid()) {
         ctx.stores
             .pods
-            .write()
-            .confirm_deleted(&pod.key(), pod.uid());
+            .confirm_deleted(&pod.key(), pod.uid(), Confirmation::Released);
+    }
+}
+
+/// Whether an address of Endpoints we manage, or an endpoint of a slice we
+/// manage, names the pod `uid`. Objects of others (users' Endpoints of
+/// selector-less Services, mirrored slices) do not count: we never drop
+/// their addresses, so nothing of theirs is at stake.
+pub fn pod_referenced(ctx: &Context, namespace: &str, uid: &str) -> bool {
+    let uid = TargetRefUid::new(uid);
+    ctx.stores
+        .endpoints
+        .read()
+        .in_namespace(namespace)
+        .any(|ep| ep.is_deletable() && ep.references(&uid))
+        || ctx
+            .stores
+            .slices
+            .read()
+            .in_namespace(namespace)
+            .any(|slice| slice.is_adoptable() && slice.references(&uid))
+}
+
+/// The cached slices labelled for the Service `key` that we may change
+/// (ours, or upstream's to adopt).
+pub fn slices_of(ctx: &Context, key: &ObjectKey) -> Vec<std::sync::Arc<CachedSlice>> {
+    let selector = std::collections::BTreeMap::from([(
+        desired::slices::LABEL_SERVICE_NAME.to_string(),
+        key.name.clone(),
+    )]);
+    ctx.stores
+        .slices
+        .read()
+        .selector_candidates(&key.namespace, &selector)
+        .into_iter()
+        .filter(|s| s.is_adoptable() && s.service_key().as_ref() == Some(key))
+        .cloned()
+        .collect()
+}
+
+/// A slice changed by someone else (our own writes reach the cache first,
+/// and their watch event then changes nothing), or deleted: its Service is
+/// reconciled again. Slices of other managers concern nobody.
+pub fn on_slice(ctx: &Context, change: &Change<CachedSlice>) {
+    let concerned =
+        |slice: &CachedSlice| slice.is_adoptable().then(|| slice.service_key()).flatten();
+    match change {
+        Change::Added(slice) => {
+            if let Some(key) = concerned(slice) {
+                ctx.enqueue_for(Controller::Endpointslices, key);
+            }
+        }
+        Change::Updated { old, new } => {
+            for key in [concerned(old), concerned(new)].into_iter().flatten() {
+                ctx.enqueue_for(Controller::Endpointslices, key);
+            }
+        }
+        Change::DeletionCandidate(slice) => {
+            ctx.stores
+                .slices
+                .confirm_deleted(&slice.key(), slice.uid(), Confirmation::Released);
+            if let Some(key) = concerned(slice) {
+                ctx.enqueue_for(Controller::Endpointslices, key);
+            }
+        }
+    }
+}
+
+/// A Node's zone goes into every endpoint on it, and Nodes' readiness and
+/// CPU into the `Auto` hints. A Node added, deleted or moved to another zone
+/// queues every Service for the slice controller (Node changes are rare; a
+/// reconcile that changes nothing writes nothing); a change of readiness,
+/// role or CPU queues the Services with `Auto` hints. A deleted Node's
+/// tombstone goes at once: the slice reconcile reads a Node live before
+/// dropping the endpoints of pods on it (see `slice_sync.rs`).
+pub fn on_node(ctx: &Context, change: &Change<CachedNode>) {
+    let every_service = match change {
+        Change::Added(_) => true,
+        Change::DeletionCandidate(node) => {
+            ctx.stores
+                .nodes
+                .confirm_deleted(&node.key(), node.uid(), Confirmation::Released);
+            true
+        }
+        Change::Updated { old, new } => {
+            if old.info == new.info {
+                return;
+            }
+            old.info.zone != new.info.zone
+        }
+    };
+    let keys: Vec<ObjectKey> = ctx
+        .stores
+        .services
+        .read()
+        .iter()
+        .filter(|svc| every_service || hint_mode(svc) == HintMode::Auto)
+        .map(|svc| svc.key())
+        .collect();
+    for key in keys {
+        ctx.enqueue_for(Controller::Endpointslices, key);
     }
 }
 
@@ -69,13 +166,17 @@ fn release_if_unreferenced(ctx: &Context, pod: &PodInfo) {
 /// their watch event, which then changes nothing) or deleted: look again.
 /// A deletion while the Service exists is what upstream does on a stale cache;
 /// it is counted whoever did it.
-pub fn on_endpoints(ctx: &std::sync::Arc<Context>, change: &Change<CachedEndpoints>) {
+pub fn on_endpoints(ctx: &Arc<Context>, change: &Change<CachedEndpoints>) {
     match change {
-        Change::Added(ep) | Change::Updated { new: ep, .. } => ctx.queue.add(ep.key()),
+        Change::Added(ep) | Change::Updated { new: ep, .. } => {
+            ctx.enqueue_for(Controller::Endpoints, ep.key())
+        }
         Change::DeletionCandidate(ep) => {
             let key = ep.key();
-            ctx.stores.endpoints.write().confirm_deleted(&key, ep.uid());
-            ctx.queue.add(key.clone());
+            ctx.stores
+                .endpoints
+                .confirm_deleted(&key, ep.uid(), Confirmation::Released);
+            ctx.enqueue_for(Controller::Endpoints, key.clone());
             if ep.is_deletable() || ctx.stores.services.read().get(&key).is_some() {
                 let ctx = ctx.clone();
                 tokio::spawn(async move { check_deletion_was_spurious(&ctx, key).await });
@@ -85,9 +186,8 @@ pub fn on_endpoints(ctx: &std::sync::Arc<Context>, change: &Change<CachedEndpoin
 }
 
 async fn check_deletion_was_spurious(ctx: &Context, key: ObjectKey) {
-    let api: Api<Service> = Api::namespaced(ctx.client.clone(), &key.namespace);
-    match api.get_opt(&key.name).await {
-        Ok(Some(svc)) if desired::managed_selector(&svc).is_some() => {
+    match live::get::<Service>(&ctx.client, &(), &key).await {
+        Ok(LiveRead::Found(svc)) if desired::managed_selector(&svc).is_some() => {
             ctx.metrics.observed_spurious_deletions.inc();
             warn!(%key, "Endpoints were deleted while their Service exists");
         }
@@ -104,37 +204,12 @@ mod tests {
     use std::sync::Arc;
 
     use k8s_openapi::api::core::v1::Service;
-    use kube::runtime::events::{Recorder, Reporter};
 
     use super::*;
-    use crate::config::Mode;
     use crate::desired::PodFields;
-    use crate::metrics::Metrics;
-    use crate::reconcile::{Stores, WorkQueue};
-    use crate::watch::WatchEventKind;
+    use hardened_watcher::{WatchEventKind, Whole};
 
-    /// A context whose client points nowhere: the handlers only route keys and
-    /// never call the API.
-    fn context() -> Context {
-        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("uri"));
-        let client = kube::Client::try_from(config).expect("client");
-        Context {
-            recorder: Recorder::new(
-                client.clone(),
-                Reporter {
-                    controller: "test".into(),
-                    instance: None,
-                },
-            ),
-            client,
-            metrics: Arc::new(Metrics::new().expect("metrics")),
-            mode: Mode::Enforce,
-            stores: Stores::new(),
-            queue: WorkQueue::new(),
-            trigger_times: Default::default(),
-            leader: tokio::sync::watch::channel(true).1,
-        }
-    }
+    use crate::reconcile::testkit::context;
 
     fn service(ns: &str, name: &str, app: &str) -> Service {
         serde_json::from_value(serde_json::json!({
@@ -157,13 +232,14 @@ mod tests {
     }
 
     fn queued(ctx: &Context) -> Vec<String> {
+        let queue = &ctx.endpoints.queue;
         let mut keys = Vec::new();
-        while !ctx.queue.is_empty() {
-            let Some(key) = futures::executor::block_on(ctx.queue.next()) else {
+        while !queue.is_empty() {
+            let Some(key) = futures::executor::block_on(queue.next()) else {
                 break;
             };
             keys.push(key.to_string());
-            ctx.queue.done(&key);
+            queue.done(&key);
         }
         keys.sort();
         keys
@@ -180,7 +256,7 @@ mod tests {
                 service("ns", "c", "c"),
                 service("other", "a", "a"),
             ] {
-                services.apply_event(WatchEventKind::Added, svc);
+                services.apply_event(WatchEventKind::Added, Whole(svc));
             }
         }
         let change = Change::Updated {
@@ -197,7 +273,7 @@ mod tests {
         ctx.stores
             .services
             .write()
-            .apply_event(WatchEventKind::Added, service("ns", "a", "a"));
+            .apply_event(WatchEventKind::Added, Whole(service("ns", "a", "a")));
         // Only the resourceVersion moved (say, an annotation was added).
         let change = Change::Updated {
             old: Arc::new(pod("ns", "a", "1")),

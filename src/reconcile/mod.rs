@@ -1,70 +1,98 @@
-//! Reconciling Endpoints: the keyed work queue, the reconcile of one Service
-//! (observe → desire → guard → apply), the deletion guard and the resync diff.
+//! Reconciling Endpoints and EndpointSlices: the keyed work queues, the
+//! reconcile of one Service for each controller (observe → desire → guard →
+//! apply), the deletion guard and the resync diff.
 
 pub mod guard;
 pub mod handlers;
 pub mod objects;
 pub mod queue;
 pub mod resync;
+pub mod slice_sync;
 pub mod sync;
 pub mod trigger;
+pub mod verify;
 
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+#[cfg(test)]
+mod guard_tests;
+#[cfg(test)]
+mod sync_tests;
+#[cfg(test)]
+pub(crate) mod testkit;
 
-use k8s_openapi::api::core::v1::Service;
+use std::sync::Arc;
+
 use kube::runtime::events::Recorder;
 
-use crate::config::Mode;
+use crate::config::{Controller, Controllers, Mode};
 use crate::desired::PodInfo;
+use crate::kinds::{EndpointSliceKind, EndpointsKind, Kind, NodeKind, PodKind, ServiceKind};
 use crate::metrics::Metrics;
-use crate::reconcile::objects::CachedEndpoints;
-use crate::watch::{Cache, Cached, ObjectKey};
+use crate::reconcile::objects::{CachedEndpoints, CachedNode, CachedService, CachedSlice};
+use hardened_watcher::{Cached, ObjectKey, Store};
+use tokio::sync::watch;
 
 pub use queue::WorkQueue;
 
-/// A cache shared between its watcher (writer) and the workers (readers).
-pub struct Shared<T: Cached>(Arc<RwLock<Cache<T>>>);
-
-impl<T: Cached> Clone for Shared<T> {
-    fn clone(&self) -> Self {
-        Self(Arc::clone(&self.0))
-    }
-}
-
-impl<T: Cached> Shared<T> {
-    pub fn new(cache: Cache<T>) -> Self {
-        Self(Arc::new(RwLock::new(cache)))
-    }
-
-    pub fn inner(&self) -> &Arc<RwLock<Cache<T>>> {
-        &self.0
-    }
-
-    /// Every cache operation is a few map updates that cannot leave the maps
-    /// half-changed, so a lock poisoned by a panicking thread is still consistent.
-    pub fn read(&self) -> RwLockReadGuard<'_, Cache<T>> {
-        self.0.read().unwrap_or_else(|e| e.into_inner())
-    }
-
-    pub fn write(&self) -> RwLockWriteGuard<'_, Cache<T>> {
-        self.0.write().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-/// The three caches the controller works from.
+/// The caches the controllers work from. Only those the running controllers
+/// need are watched ([`Kind::needed`]); the others stay empty and are not
+/// waited for.
 #[derive(Clone)]
 pub struct Stores {
-    pub services: Shared<Service>,
-    pub pods: Shared<PodInfo>,
-    pub endpoints: Shared<CachedEndpoints>,
+    pub services: Store<CachedService>,
+    pub pods: Store<PodInfo>,
+    pub endpoints: Store<CachedEndpoints>,
+    pub slices: Store<CachedSlice>,
+    pub nodes: Store<CachedNode>,
+    pub controllers: Controllers,
 }
 
 impl Stores {
+    /// The caches of both controllers.
     pub fn new() -> Self {
+        Self::for_controllers(Controllers::ALL)
+    }
+
+    pub fn for_controllers(controllers: Controllers) -> Self {
         Self {
-            services: Shared::new(Cache::new()),
-            pods: Shared::new(Cache::new()),
-            endpoints: Shared::new(Cache::new()),
+            services: Store::new(ServiceKind::RESOURCE),
+            pods: Store::new(PodKind::RESOURCE),
+            endpoints: Store::new(EndpointsKind::RESOURCE),
+            slices: Store::new(EndpointSliceKind::RESOURCE),
+            nodes: Store::new(NodeKind::RESOURCE),
+            controllers,
+        }
+    }
+
+    /// The `synced` signal of every cache that is watched.
+    pub fn synced_signals(&self) -> Vec<watch::Receiver<bool>> {
+        let mut signals = Vec::new();
+        let mut follow = |needed: bool, signal: watch::Receiver<bool>| {
+            if needed {
+                signals.push(signal);
+            }
+        };
+        let c = self.controllers;
+        follow(ServiceKind::needed(c), self.services.synced());
+        follow(PodKind::needed(c), self.pods.synced());
+        follow(EndpointsKind::needed(c), self.endpoints.synced());
+        follow(EndpointSliceKind::needed(c), self.slices.synced());
+        follow(NodeKind::needed(c), self.nodes.synced());
+        signals
+    }
+
+    /// Whether every watched cache holds a complete consistent list.
+    pub fn synced(&self) -> bool {
+        self.synced_signals().iter().all(|s| *s.borrow())
+    }
+
+    /// Resolves once every watched cache holds a complete consistent list (at
+    /// once if they do; pends while one is being listed again after a store
+    /// rewind).
+    pub async fn wait_synced(&self) {
+        for mut synced in self.synced_signals() {
+            if synced.wait_for(|s| *s).await.is_err() {
+                std::future::pending::<()>().await;
+            }
         }
     }
 }
@@ -75,6 +103,22 @@ impl Default for Stores {
     }
 }
 
+/// What each controller keeps of its own: its work queue and its trigger-time
+/// bookkeeping.
+pub struct Work {
+    pub queue: Arc<WorkQueue<ObjectKey>>,
+    pub trigger_times: trigger::TriggerTimes,
+}
+
+impl Work {
+    pub fn new(max_retries: u32) -> Self {
+        Self {
+            queue: WorkQueue::new(max_retries),
+            trigger_times: Default::default(),
+        }
+    }
+}
+
 /// Everything a reconcile needs, shared by the workers.
 pub struct Context {
     pub client: kube::Client,
@@ -82,14 +126,44 @@ pub struct Context {
     pub recorder: Recorder,
     pub mode: Mode,
     pub stores: Stores,
-    pub queue: Arc<WorkQueue<ObjectKey>>,
-    pub trigger_times: trigger::TriggerTimes,
+    /// The Endpoints controller's queue and trigger times.
+    pub endpoints: Work,
+    /// The EndpointSlice controller's queue and trigger times.
+    pub slices: Work,
+    pub max_endpoints_per_slice: usize,
     /// True while this instance may write: always without `--leader-elect`, else
     /// while it holds the leader Lease (see [`crate::leader`]).
     pub leader: tokio::sync::watch::Receiver<bool>,
 }
 
 impl Context {
+    /// The controllers that run.
+    pub fn controllers(&self) -> Controllers {
+        self.stores.controllers
+    }
+
+    /// The work of one controller.
+    pub fn work(&self, controller: Controller) -> &Work {
+        match controller {
+            Controller::Endpoints => &self.endpoints,
+            Controller::Endpointslices => &self.slices,
+        }
+    }
+
+    /// Queues a Service key for every running controller.
+    pub fn enqueue(&self, key: ObjectKey) {
+        for controller in self.controllers().iter() {
+            self.work(controller).queue.add(key.clone());
+        }
+    }
+
+    /// Queues a Service key for one controller, if it runs.
+    pub fn enqueue_for(&self, controller: Controller, key: ObjectKey) {
+        if self.controllers().contains(controller) {
+            self.work(controller).queue.add(key);
+        }
+    }
+
     pub fn writes_allowed(&self) -> bool {
         self.mode == Mode::Enforce && *self.leader.borrow()
     }
@@ -102,4 +176,18 @@ impl Context {
             std::future::pending::<()>().await;
         }
     }
+}
+
+/// Queues every cached Service for every controller, and objects of ours
+/// whose Service is gone: at every resync, and when this instance becomes
+/// leader. A reconcile with nothing to change writes nothing, so this is what
+/// brings back a key that ran out of retries.
+pub fn enqueue_all(ctx: &Context) -> usize {
+    let keys: Vec<_> = ctx.stores.services.read().iter().map(|s| s.key()).collect();
+    let count = keys.len();
+    for key in keys {
+        ctx.enqueue(key);
+    }
+    resync::sweep(ctx);
+    count
 }

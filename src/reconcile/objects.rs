@@ -1,11 +1,17 @@
 //! How each cached kind is keyed, and what of it the cache keeps.
 
-use k8s_openapi::api::core::v1::{Endpoints, Service};
+use k8s_openapi::api::core::v1::{Endpoints, Node, ObjectReference};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::ResourceExt;
 
+use crate::desired::slices::{self, NodeInfo};
 use crate::desired::{self, PodInfo};
+use hardened_watcher::Whole;
+
+/// A Service as the cache keeps it: whole, less its managedFields.
+pub type CachedService = Whole<k8s_openapi::api::core::v1::Service>;
 use crate::error::{Error, Result};
-use crate::watch::{Cached, ObjectKey};
+use hardened_watcher::{Cached, ObjectKey};
 
 fn key_of<K: kube::Resource>(obj: &K) -> ObjectKey {
     ObjectKey {
@@ -16,18 +22,6 @@ fn key_of<K: kube::Resource>(obj: &K) -> ObjectKey {
 
 fn meta_str(field: &Option<String>) -> &str {
     field.as_deref().unwrap_or("")
-}
-
-impl Cached for Service {
-    fn key(&self) -> ObjectKey {
-        key_of(self)
-    }
-    fn uid(&self) -> &str {
-        meta_str(&self.metadata.uid)
-    }
-    fn resource_version(&self) -> &str {
-        meta_str(&self.metadata.resource_version)
-    }
 }
 
 /// An Endpoints object as the cache keeps it: what the cache, the sweep and
@@ -96,8 +90,24 @@ impl CachedEndpoints {
     }
 }
 
-/// A targetRef UID as it reads in [`CachedEndpoints`]' subsets JSON: made
-/// once, then searched for in every Endpoints of a namespace.
+/// The pods the addresses of `ep` name (ready and not ready alike).
+pub fn pod_target_refs(ep: &Endpoints) -> impl Iterator<Item = &ObjectReference> {
+    ep.subsets
+        .iter()
+        .flatten()
+        .flat_map(|s| {
+            s.addresses
+                .iter()
+                .flatten()
+                .chain(s.not_ready_addresses.iter().flatten())
+        })
+        .filter_map(|a| a.target_ref.as_ref())
+        .filter(|r| r.kind.as_deref() == Some("Pod"))
+}
+
+/// A targetRef UID as it reads in the JSON of [`CachedEndpoints`]' subsets
+/// or [`CachedSlice`]'s endpoints: made once, then searched for in every
+/// object of a namespace.
 pub struct TargetRefUid(Option<String>);
 
 impl TargetRefUid {
@@ -116,6 +126,135 @@ impl TargetRefUid {
 impl Cached for CachedEndpoints {
     fn key(&self) -> ObjectKey {
         self.key.clone()
+    }
+    fn uid(&self) -> &str {
+        &self.uid
+    }
+    fn resource_version(&self) -> &str {
+        &self.resource_version
+    }
+}
+
+/// An EndpointSlice as the cache keeps it: the fields read on every event,
+/// the rest as compact JSON (as for [`CachedEndpoints`], and for the same
+/// reason), decoded when its Service is reconciled.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CachedSlice {
+    key: ObjectKey,
+    uid: Box<str>,
+    resource_version: Box<str>,
+    /// `kubernetes.io/service-name`: the one label indexed.
+    service_name: Option<Box<str>>,
+    /// Managed by us or by upstream's controller (see [`slices::is_adoptable`]).
+    adoptable: bool,
+    /// The object without managedFields and without endpoints.
+    object_json: Box<str>,
+    /// `endpoints` alone: every `"uid"` in it is a targetRef's.
+    endpoints_json: Box<str>,
+}
+
+impl CachedSlice {
+    /// `None` only if the object cannot be encoded, which a decoded object can.
+    pub fn new(slice: EndpointSlice) -> Option<Self> {
+        let mut slice = strip_managed_fields(slice);
+        let endpoints = std::mem::take(&mut slice.endpoints);
+        let endpoints_json = serde_json::to_string(&endpoints).ok()?;
+        let object_json = serde_json::to_string(&slice).ok()?;
+        Some(Self {
+            key: key_of(&slice),
+            uid: meta_str(&slice.metadata.uid).into(),
+            resource_version: meta_str(&slice.metadata.resource_version).into(),
+            service_name: slices::slice_service_name(&slice).map(Into::into),
+            adoptable: slices::is_adoptable(&slice, desired::MANAGER),
+            object_json: object_json.into_boxed_str(),
+            endpoints_json: endpoints_json.into_boxed_str(),
+        })
+    }
+
+    /// The whole object back.
+    pub fn decode(&self) -> Result<EndpointSlice> {
+        let error = |source| Error::Decode {
+            what: "cached EndpointSlice",
+            key: self.key.to_string(),
+            source,
+        };
+        let mut slice: EndpointSlice = serde_json::from_str(&self.object_json).map_err(error)?;
+        slice.endpoints = serde_json::from_str(&self.endpoints_json).map_err(error)?;
+        Ok(slice)
+    }
+
+    /// The Service this slice is labelled for.
+    pub fn service_key(&self) -> Option<ObjectKey> {
+        let name = self.service_name.as_deref()?;
+        Some(ObjectKey::new(self.key.namespace.clone(), name))
+    }
+
+    /// Whether we may change or delete it: ours, or upstream's (adopted).
+    pub fn is_adoptable(&self) -> bool {
+        self.adoptable
+    }
+
+    /// Whether an endpoint has a targetRef with this UID.
+    pub fn references(&self, uid: &TargetRefUid) -> bool {
+        uid.0
+            .as_deref()
+            .is_some_and(|needle| self.endpoints_json.contains(needle))
+    }
+}
+
+impl Cached for CachedSlice {
+    fn key(&self) -> ObjectKey {
+        self.key.clone()
+    }
+    fn uid(&self) -> &str {
+        &self.uid
+    }
+    fn resource_version(&self) -> &str {
+        &self.resource_version
+    }
+    /// Indexed by the service-name label only: the reconcile of a Service
+    /// finds its slices through the index.
+    const LABEL_INDEXED: bool = true;
+    fn labels(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.service_name
+            .as_deref()
+            .map(|name| (slices::LABEL_SERVICE_NAME, name))
+            .into_iter()
+    }
+}
+
+/// The pods the endpoints of `slice` name.
+pub fn slice_pod_refs(slice: &EndpointSlice) -> impl Iterator<Item = &ObjectReference> {
+    slice
+        .endpoints
+        .iter()
+        .flatten()
+        .filter_map(|e| e.target_ref.as_ref())
+        .filter(|r| r.kind.as_deref() == Some("Pod"))
+}
+
+/// A Node as the cache keeps it: what EndpointSlices need ([`NodeInfo`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CachedNode {
+    uid: Box<str>,
+    resource_version: Box<str>,
+    pub info: NodeInfo,
+}
+
+impl CachedNode {
+    /// `None` for a Node without a name.
+    pub fn new(node: &Node) -> Option<Self> {
+        Some(Self {
+            uid: meta_str(&node.metadata.uid).into(),
+            resource_version: meta_str(&node.metadata.resource_version).into(),
+            info: NodeInfo::from_node(node)?,
+        })
+    }
+}
+
+impl Cached for CachedNode {
+    fn key(&self) -> ObjectKey {
+        ObjectKey::new("", self.info.name.as_str())
     }
     fn uid(&self) -> &str {
         &self.uid
@@ -163,13 +302,8 @@ impl Cached for PodInfo {
 }
 
 /// managedFields are often the largest part of an object and nothing here reads
-/// them; an update sent without them leaves the server's record as it is.
-pub fn without_managed_fields<K: kube::Resource>(obj: K) -> Option<K> {
-    Some(strip_managed_fields(obj))
-}
-
-/// [`without_managed_fields`] for objects that come back from a write or a
-/// live read, before they go into a cache.
+/// them; an update sent without them leaves the server's record as it is. So
+/// no object goes into a cache with them.
 pub fn strip_managed_fields<K: kube::Resource>(mut obj: K) -> K {
     obj.meta_mut().managed_fields = None;
     obj

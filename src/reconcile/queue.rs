@@ -21,17 +21,19 @@ struct State<K> {
     dirty: HashSet<K>,
     processing: HashSet<K>,
     failures: HashMap<K, u32>,
+    max_retries: u32,
     shutting_down: bool,
 }
 
 /// The pure part of the queue: no async, no clock; the async shell wraps it.
 impl<K: Clone + Eq + Hash> State<K> {
-    fn new() -> Self {
+    fn new(max_retries: u32) -> Self {
         Self {
             queue: VecDeque::new(),
             dirty: HashSet::new(),
             processing: HashSet::new(),
             failures: HashMap::new(),
+            max_retries,
             shutting_down: false,
         }
     }
@@ -69,7 +71,7 @@ impl<K: Clone + Eq + Hash> State<K> {
     /// Counts a failure; `None` once the key has used up its retries.
     fn next_retry(&mut self, key: &K) -> Option<Duration> {
         let count = self.failures.entry(key.clone()).or_insert(0);
-        if *count >= MAX_RETRIES {
+        if *count >= self.max_retries {
             self.failures.remove(key);
             return None;
         }
@@ -94,9 +96,10 @@ pub enum Retry {
 }
 
 impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
-    pub fn new() -> Arc<Self> {
+    /// A queue that gives a failing key `max_retries` retries.
+    pub fn new(max_retries: u32) -> Arc<Self> {
         Arc::new(Self {
-            state: Mutex::new(State::new()),
+            state: Mutex::new(State::new(max_retries)),
             ready: Notify::new(),
         })
     }
@@ -148,7 +151,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
         self.lock().failures.remove(key);
     }
 
-    /// Requeue after the key's backoff; gives up after [`MAX_RETRIES`].
+    /// Requeue after the key's backoff; gives up after the queue's retries.
     pub fn retry(self: &Arc<Self>, key: K) -> Retry {
         let Some(delay) = self.lock().next_retry(&key) else {
             return Retry::GaveUp;
@@ -181,7 +184,7 @@ mod tests {
 
     #[test]
     fn one_entry_per_key_however_many_adds() {
-        let mut s = State::new();
+        let mut s = State::new(MAX_RETRIES);
         assert!(s.add("a"));
         assert!(!s.add("a"));
         assert!(s.add("b"));
@@ -192,7 +195,7 @@ mod tests {
 
     #[test]
     fn key_in_processing_is_not_handed_out_twice_but_requeued_after() {
-        let mut s = State::new();
+        let mut s = State::new(MAX_RETRIES);
         s.add("a");
         assert_eq!(s.take(), Some("a"));
         // An event arrives while a worker holds "a".
@@ -209,7 +212,7 @@ mod tests {
 
     #[test]
     fn backoff_doubles_from_5ms_and_gives_up_after_15() {
-        let mut s: State<&str> = State::new();
+        let mut s: State<&str> = State::new(MAX_RETRIES);
         let delays: Vec<_> = (0..MAX_RETRIES).map(|_| s.next_retry(&"a")).collect();
         assert_eq!(delays[0], Some(Duration::from_millis(5)));
         assert_eq!(delays[1], Some(Duration::from_millis(10)));
@@ -221,7 +224,7 @@ mod tests {
 
     #[tokio::test]
     async fn workers_wake_for_added_keys_and_stop_on_shutdown() {
-        let q: Arc<WorkQueue<u32>> = WorkQueue::new();
+        let q: Arc<WorkQueue<u32>> = WorkQueue::new(MAX_RETRIES);
         let worker = {
             let q = q.clone();
             tokio::spawn(async move {

@@ -1,89 +1,70 @@
-//! The periodic full resync diff and the start-up sweep.
+//! The periodic resync, the start-up sweep and the aging of deletion evidence.
 //!
-//! A watch can lose events for good (a lost DELETE leaves a ghost until a relist;
-//! upstream informers relist every 12–24 h and their resync only replays the cache).
-//! Every interval, a consistent paginated LIST of each resource is diffed against
-//! the cache: what differs is counted by resource and kind, repaired, and the
-//! affected Services are reconciled.
+//! A watch can lose events for good (a lost DELETE leaves a ghost until a
+//! relist; upstream informers relist only after errors, and their 12–24 h
+//! resync replays the cache rather than reading the API). Every interval each
+//! watcher relists consistently, through the same page-by-page path as any
+//! relist, and resumes its watch from where it was: the differences the list
+//! found count as drift only if the watch does not explain them (see
+//! `crates/hardened-watcher/src/cache_list.rs`). Then every Service is queued: a reconcile with
+//! nothing to change writes nothing, and a key that ran out of retries comes
+//! back at least once per interval.
 
-use std::fmt::Debug;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use k8s_openapi::api::core::v1::{Endpoints, Pod, Service};
-use kube::Api;
-use serde::de::DeserializeOwned;
 use tracing::{info, warn};
 
-use super::objects::{CachedEndpoints, without_managed_fields};
-use super::{Context, Shared, handlers};
-use crate::desired::{self, PodInfo};
-use crate::error::Result;
-use crate::watch::list::{ListFailed, list_into_cache};
-use crate::watch::{Cached, Change, ListDiff};
+use super::{Context, enqueue_all};
+use crate::config::Controller;
+use crate::desired;
+use crate::error::{Error, Result};
+use crate::kinds::{EndpointSliceKind, EndpointsKind, Kind, NodeKind, PodKind, ServiceKind};
+use hardened_watcher::{Cached, Confirmation, ResyncReport, WatchError};
 
-/// Where to list from: the whole cluster or one namespace.
-#[derive(Clone)]
-pub struct Apis {
-    pub services: Api<Service>,
-    pub pods: Api<Pod>,
-    pub endpoints: Api<Endpoints>,
-    pub page_size: u32,
+/// How long one resync waits for a watcher's list.
+const LIST_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Housekeeping ticks after which an unconfirmed tombstone that nothing names
+/// is released, and a confirmation forgotten.
+const TOMBSTONE_TICKS: u64 = 2;
+const RELEASED_CONFIRMATION_TICKS: u64 = 2;
+/// Confirmations by a live read stop ghosts from coming back through a list
+/// served by a watch cache that still holds them: kept longer.
+const LIVE_READ_CONFIRMATION_TICKS: u64 = 12;
+
+/// Relists kind `K` if it is watched; an unwatched kind reports nothing.
+async fn relist<K: Kind>(ctx: &Context) -> Result<ResyncReport> {
+    if !K::needed(ctx.controllers()) {
+        return Ok(ResyncReport::default());
+    }
+    let store = K::store(&ctx.stores);
+    match tokio::time::timeout(LIST_TIMEOUT, store.resync()).await {
+        Ok(report) => report.map_err(Error::from),
+        Err(_) => Err(Error::Watch(WatchError::WatcherGone {
+            resource: store.resource(),
+        })),
+    }
 }
 
-fn record<T: Cached>(ctx: &Context, resource: &str, diff: &ListDiff<T>) {
-    let drift = &ctx.metrics.resync_drift;
-    drift
-        .with_label_values(&[resource, "missed_add"])
-        .inc_by(diff.added as u64);
-    drift
-        .with_label_values(&[resource, "missed_update"])
-        .inc_by(diff.updated as u64);
-    drift
-        .with_label_values(&[resource, "missed_delete"])
-        .inc_by(diff.deletion_candidates as u64);
-}
-
-/// One full resync. Each resource is listed consistently and diffed into its
-/// cache page by page ([`list_into_cache`]), so a resync holds one page of
-/// objects on top of the caches, never a second copy of them. Errors are retried
-/// at the next interval; a list that fails midway turns nothing into a deletion
-/// candidate (the upserts of its pages so far stay: they passed the guard, and
-/// are handled like any other change).
-pub async fn resync_once(ctx: &Arc<Context>, apis: &Apis) -> Result<()> {
+/// One full resync: every watcher relists (at once), then the caches are
+/// compared with each other and every Service is queued.
+pub async fn resync_once(ctx: &Arc<Context>) -> Result<()> {
     let start = Instant::now();
-    resync_resource(
-        ctx,
-        "services",
-        &apis.services,
-        apis.page_size,
-        without_managed_fields,
-        &ctx.stores.services,
-        |change| handlers::on_service(ctx, change),
-    )
-    .await?;
-    resync_resource(
-        ctx,
-        "pods",
-        &apis.pods,
-        apis.page_size,
-        |p: Pod| PodInfo::from_pod(&p),
-        &ctx.stores.pods,
-        |change| handlers::on_pod(ctx, change),
-    )
-    .await?;
-    resync_resource(
-        ctx,
-        "endpoints",
-        &apis.endpoints,
-        apis.page_size,
-        CachedEndpoints::new,
-        &ctx.stores.endpoints,
-        |change| handlers::on_endpoints(ctx, change),
-    )
-    .await?;
-
-    sweep(ctx, true);
+    let (services, pods, endpoints, slices, nodes) = tokio::join!(
+        relist::<ServiceKind>(ctx),
+        relist::<PodKind>(ctx),
+        relist::<EndpointsKind>(ctx),
+        relist::<EndpointSliceKind>(ctx),
+        relist::<NodeKind>(ctx),
+    );
+    let (services, pods, endpoints, slices, nodes) =
+        (services?, pods?, endpoints?, slices?, nodes?);
+    let disputes = [&services, &pods, &endpoints, &slices, &nodes]
+        .iter()
+        .map(|r| r.disputes)
+        .sum::<usize>();
+    let queued = enqueue_all(ctx);
     let elapsed = start.elapsed().as_secs_f64();
     ctx.metrics.resync_duration.observe(elapsed);
     let now = SystemTime::now()
@@ -91,70 +72,69 @@ pub async fn resync_once(ctx: &Arc<Context>, apis: &Apis) -> Result<()> {
         .map(|d| d.as_secs_f64())
         .unwrap_or_default();
     ctx.metrics.last_successful_resync.set(now);
-    info!(seconds = elapsed, "full resync diff done");
+    info!(
+        seconds = elapsed,
+        services = services.changes,
+        pods = pods.changes,
+        endpoints = endpoints.changes,
+        endpointslices = slices.changes,
+        nodes = nodes.changes,
+        disputes,
+        queued,
+        "full resync done"
+    );
     Ok(())
 }
 
-/// Diffs one resource into its cache, records the drift and hands every change
-/// to `handle`, the changes of a list that failed midway included.
-async fn resync_resource<K, T>(
-    ctx: &Context,
-    resource: &str,
-    api: &Api<K>,
-    page_size: u32,
-    project: impl Fn(K) -> Option<T>,
-    store: &Shared<T>,
-    handle: impl Fn(&Change<T>),
-) -> Result<()>
-where
-    K: kube::Resource + DeserializeOwned + Clone + Debug,
-    T: Cached,
-{
-    let (diff, failed) = match list_into_cache(api, page_size, project, store.inner()).await {
-        Ok(diff) => (diff, None),
-        Err(failed) => {
-            let ListFailed { error, applied } = *failed;
-            (applied, Some(error))
-        }
-    };
-    record(ctx, resource, &diff);
-    for change in &diff.changes {
-        handle(change);
+/// Compares Services with what the controllers made for them: Endpoints or
+/// slices we manage whose Service is missing are queued (their reconcile
+/// confirms with a live read before deleting anything); Endpoints we do not
+/// manage are only reported; selector Services without Endpoints are queued.
+pub fn sweep(ctx: &Context) {
+    if ctx.controllers().contains(Controller::Endpointslices) {
+        sweep_slices(ctx);
     }
-    match failed {
-        None => Ok(()),
-        Some(error) => Err(error.into()),
+    if ctx.controllers().contains(Controller::Endpoints) {
+        sweep_endpoints(ctx);
     }
 }
 
-/// Compares Services with Endpoints in the caches: Endpoints we manage whose
-/// Service is missing are queued (their reconcile confirms with a live read before
-/// deleting anything); Endpoints we do not manage are only reported; selector
-/// Services without Endpoints are queued. `count_drift` is false for the start-up
-/// sweep, where nothing has drifted yet.
-pub fn sweep(ctx: &Context, count_drift: bool) {
+fn sweep_slices(ctx: &Context) {
+    let orphaned: Vec<_> = {
+        let services = ctx.stores.services.read();
+        ctx.stores
+            .slices
+            .read()
+            .iter()
+            .filter(|slice| slice.is_adoptable())
+            .filter_map(|slice| slice.service_key())
+            .filter(|key| services.get(key).is_none())
+            .collect()
+    };
+    for key in orphaned {
+        ctx.enqueue_for(Controller::Endpointslices, key);
+    }
+}
+
+fn sweep_endpoints(ctx: &Context) {
     let services = ctx.stores.services.read();
     let endpoints = ctx.stores.endpoints.read();
     let mut unmanaged = 0;
-    let mut orphaned = 0;
     for ep in endpoints.iter() {
         let key = ep.key();
         if services.get(&key).is_some() {
             continue;
         }
         if ep.is_deletable() {
-            orphaned += 1;
-            ctx.queue.add(key);
+            ctx.enqueue_for(Controller::Endpoints, key);
         } else {
             unmanaged += 1;
             tracing::debug!(%key, managed_by = ?ep.managed_by(), "Endpoints without a Service, not managed by us: left alone");
         }
     }
-    let mut missing = 0;
     for svc in services.iter() {
         if desired::managed_selector(svc).is_some() && endpoints.get(&svc.key()).is_none() {
-            missing += 1;
-            ctx.queue.add(svc.key());
+            ctx.enqueue_for(Controller::Endpoints, svc.key());
         }
     }
     ctx.metrics
@@ -167,13 +147,96 @@ pub fn sweep(ctx: &Context, count_drift: bool) {
             "Endpoints without a Service that endpoints-guard does not manage; not deleting them"
         );
     }
-    if count_drift {
-        let drift = &ctx.metrics.resync_drift;
-        drift
-            .with_label_values(&["endpoints", "orphaned"])
-            .inc_by(orphaned);
-        drift
-            .with_label_values(&["endpoints", "missing"])
-            .inc_by(missing);
+}
+
+/// Ages deletion evidence by one tick and lets go of what has waited too
+/// long with nothing at stake (see [`Kind::at_stake`]), and forgets old
+/// confirmations. A tombstone something still names stays until its
+/// reconcile reads the object live or a consistent list proves it gone.
+pub fn housekeeping(ctx: &Arc<Context>) {
+    let released = age::<ServiceKind>(ctx)
+        + age::<PodKind>(ctx)
+        + age::<EndpointsKind>(ctx)
+        + age::<EndpointSliceKind>(ctx)
+        + age::<NodeKind>(ctx);
+    if released > 0 {
+        info!(released, "housekeeping: old deletion evidence let go");
+    }
+}
+
+/// Housekeeping of one kind; returns how many tombstones and confirmations went.
+fn age<K: Kind>(ctx: &Context) -> usize {
+    if !K::needed(ctx.controllers()) {
+        return 0;
+    }
+    let store = K::store(&ctx.stores);
+    store.write().tick();
+    let aged = store.read().aged_tombstones(TOMBSTONE_TICKS);
+    let released = aged
+        .into_iter()
+        .filter(|(key, uid)| {
+            !K::at_stake(ctx, key, uid) && store.confirm_deleted(key, uid, Confirmation::Released)
+        })
+        .count();
+    released
+        + store
+            .write()
+            .forget_confirmed(RELEASED_CONFIRMATION_TICKS, LIVE_READ_CONFIRMATION_TICKS)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use hardened_watcher::{ObjectKey, WatchEventKind};
+
+    use super::housekeeping;
+    use crate::reconcile::testkit::{context, pod};
+
+    /// Tombstones that nothing names go after two rounds; one a live Endpoints
+    /// of ours names stays. Run on a thread of its own: a lock taken twice by
+    /// one thread (a read guard kept alive across a write) hangs instead of
+    /// failing, and the test must fail instead.
+    #[test]
+    fn aged_tombstones_with_nothing_at_stake_are_released_without_deadlock() {
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            // The context's client needs a runtime to exist, not to run.
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap_or_else(|err| panic!("runtime: {err}"));
+            let _entered = runtime.enter();
+            let ctx = Arc::new(context());
+            {
+                let mut pods = ctx.stores.pods.write();
+                for (name, ip) in [("gone", "10.0.0.1"), ("named", "10.0.0.2")] {
+                    pods.apply_event(WatchEventKind::Added, pod("ns", name, "a", ip, "1"));
+                    pods.apply_event(WatchEventKind::Deleted, pod("ns", name, "a", ip, "2"));
+                }
+            }
+            let named = crate::reconcile::testkit::endpoints("ns", "a", &[("named", "10.0.0.2")]);
+            if let Some(cached) = crate::reconcile::objects::CachedEndpoints::new(named) {
+                ctx.stores
+                    .endpoints
+                    .write()
+                    .apply_event(WatchEventKind::Added, cached);
+            }
+            housekeeping(&ctx);
+            let after_one = ctx.stores.pods.read().tombstone_count();
+            housekeeping(&ctx);
+            let pods = ctx.stores.pods.read();
+            let left: Vec<bool> = ["gone", "named"]
+                .iter()
+                .map(|n| pods.tombstone(&ObjectKey::new("ns", *n)).is_some())
+                .collect();
+            let _ = done.send((after_one, left));
+        });
+        let (after_one, left) = finished
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap_or_else(|_| panic!("housekeeping deadlocked"));
+        assert_eq!(after_one, 2, "one round is not old enough");
+        assert_eq!(left, [false, true], "the named pod's tombstone stays");
     }
 }

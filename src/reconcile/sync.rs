@@ -3,47 +3,68 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Endpoints;
+use k8s_openapi::api::core::v1::{Endpoints, ObjectReference};
 use kube::Api;
 use kube::api::{DeleteParams, PostParams, Preconditions};
 use tracing::{debug, info, warn};
 
-use super::Context;
+use std::collections::HashSet;
+
 use super::guard::{self, ServiceLookup};
-use super::objects::{CachedEndpoints, managed_by};
-use crate::config::Mode;
+use super::objects::{CachedEndpoints, managed_by, pod_target_refs};
+use super::{Context, handlers};
+use crate::config::{Controller, Mode};
 use crate::desired::{self, PodInfo};
 use crate::error::{Error, Result, api_code};
-use crate::watch::{Cached, ObjectKey};
+use crate::kinds::{Kind, ServiceKind};
+use hardened_watcher::{Cached, Confirmation, LiveRead, ObjectKey, ReadStamp, live};
+
+/// A write to the Endpoints API.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verb {
+    Create,
+    Update,
+    Delete,
+}
+
+impl Verb {
+    pub const ALL: [Verb; 3] = [Verb::Create, Verb::Update, Verb::Delete];
+
+    /// The bounded `verb`/`kind` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verb::Create => "create",
+            Verb::Update => "update",
+            Verb::Delete => "delete",
+        }
+    }
+}
+
+impl std::fmt::Display for Verb {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<()> {
-    let service = ctx.stores.services.read().get(key);
-    let endpoints = ctx.stores.endpoints.read().get(key);
+    let service = ctx.stores.services.get(key);
+    let endpoints = ctx.stores.endpoints.get(key);
 
     let service = match service {
         Some(svc) => svc,
         None => match &endpoints {
             // Nothing exists for this key: nothing to write, nothing at stake.
             None => {
-                ctx.trigger_times.forget(key);
-                // No Endpoints, nothing at stake: the tombstone can go without a
-                // live read (any later deletion of Endpoints reads live anyway).
-                let uid = ctx
-                    .stores
-                    .services
-                    .read()
-                    .tombstone(key)
-                    .map(|t| t.last_known.uid().to_string());
-                if let Some(uid) = uid {
-                    ctx.stores.services.write().confirm_deleted(key, &uid);
-                }
+                ctx.endpoints.trigger_times.forget(key);
+                release_service_tombstone(ctx, key);
                 return Ok(());
             }
             Some(ep) if !ep.is_deletable() => {
                 debug!(%key, managed_by = ?ep.managed_by(), "Endpoints without a Service are not ours to delete");
+                release_service_tombstone(ctx, key);
                 return Ok(());
             }
-            Some(ep) => match guard::lookup_service(ctx, key).await? {
+            Some(ep) => match guard::lookup_service(ctx, Controller::Endpoints, key).await? {
                 ServiceLookup::Gone => return delete_endpoints(ctx, key, ep).await,
                 ServiceLookup::Exists(svc) => svc,
             },
@@ -58,21 +79,21 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<()> {
         .as_deref()
         .map(CachedEndpoints::decode)
         .transpose()?;
-    let mut pods: Vec<Arc<PodInfo>> = {
-        let cache = ctx.stores.pods.read();
-        cache
-            .selector_candidates(&key.namespace, selector)
-            .into_iter()
-            .filter(|p| desired::selector_matches(selector, p.as_ref()))
-            .cloned()
-            .collect()
-    };
+    let mut pods = selected_pods(ctx, &key.namespace, selector);
     if let Some(ep) = &endpoints {
-        guard::hold_unconfirmed_pod_deletions(ctx, ep, selector, &mut pods).await?;
+        guard::hold_unconfirmed_pod_deletions(
+            ctx,
+            Controller::Endpoints,
+            &key.namespace,
+            pod_target_refs(ep),
+            selector,
+            &mut pods,
+        )
+        .await?;
     }
     let pod_refs: Vec<&PodInfo> = pods.iter().map(AsRef::as_ref).collect();
     let created = service.metadata.creation_timestamp.as_ref().map(|t| t.0);
-    let trigger = ctx.trigger_times.compute(key, created, &pod_refs);
+    let trigger = ctx.endpoints.trigger_times.compute(key, created, &pod_refs);
     let computed = desired::compute_subsets(&service, &pod_refs);
     if !desired::needs_write(
         &service,
@@ -90,6 +111,40 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<()> {
         desired::MANAGER,
     );
     apply(ctx, key, endpoints.as_ref(), wanted).await
+}
+
+/// The cached pods of `namespace` that `selector` selects.
+pub(super) fn selected_pods(
+    ctx: &Context,
+    namespace: &str,
+    selector: &std::collections::BTreeMap<String, String>,
+) -> Vec<Arc<PodInfo>> {
+    ctx.stores
+        .pods
+        .read()
+        .selector_candidates(namespace, selector)
+        .into_iter()
+        .filter(|p| desired::selector_matches(selector, p.as_ref()))
+        .cloned()
+        .collect()
+}
+
+/// A Service gone from the cache with nothing of ours at stake (no Endpoints
+/// or slices, or only ones we never delete): its tombstone goes without a
+/// live read (any later deletion reads live anyway).
+pub(super) fn release_service_tombstone(ctx: &Context, key: &ObjectKey) {
+    // The other controller may still have something of ours for it.
+    if <ServiceKind as Kind>::at_stake(ctx, key, "") {
+        return;
+    }
+    let store = &ctx.stores.services;
+    let uid = store
+        .read()
+        .tombstone(key)
+        .map(|t| t.last_known.uid().to_string());
+    if let Some(uid) = uid {
+        store.confirm_deleted(key, &uid, Confirmation::Released);
+    }
 }
 
 /// The managed-by value a write would carry. In audit mode beside the upstream
@@ -111,16 +166,16 @@ async fn apply(
     wanted: Endpoints,
 ) -> Result<()> {
     let verb = if current.is_some() {
-        "update"
+        Verb::Update
     } else {
-        "create"
+        Verb::Create
     };
     if ctx.mode == Mode::Audit {
         ctx.metrics
             .audit_divergences
-            .with_label_values(&[verb])
+            .with_label_values(&[Controller::Endpoints.metric_label(), verb.as_str()])
             .inc();
-        info!(%key, would = verb, "audit: Endpoints differ from what the Service and pods call for");
+        info!(%key, would = verb.as_str(), "audit: Endpoints differ from what the Service and pods call for");
         return Ok(());
     }
     if !ctx.writes_allowed() {
@@ -128,6 +183,7 @@ async fn apply(
         return Ok(());
     }
     let api: Api<Endpoints> = Api::namespaced(ctx.client.clone(), &key.namespace);
+    let stamp = ctx.stores.endpoints.read_stamp();
     let result = match current {
         None => api.create(&PostParams::default(), &wanted).await,
         Some(_) => {
@@ -139,19 +195,32 @@ async fn apply(
         Ok(written) => {
             ctx.metrics
                 .endpoints_writes
-                .with_label_values(&[verb])
+                .with_label_values(&[verb.as_str()])
                 .inc();
-            debug!(%key, verb, "wrote Endpoints");
+            debug!(%key, %verb, "wrote Endpoints");
             // The cache learns our own write now, so the next reconcile compares
             // against it rather than writing again before the watch catches up.
-            remember(ctx, key, written);
+            let dropped = current
+                .map(|current| dropped_pods(pod_target_refs(current), pod_target_refs(&written)))
+                .unwrap_or_default();
+            remember(ctx, key, written, &stamp);
+            release_dropped_pods(ctx, &key.namespace, dropped);
             Ok(())
         }
         Err(err) if api_code(&err) == Some(409) => {
             refresh_endpoints(ctx, key).await?;
             Err(Error::kube("writing endpoints", key.to_string(), err))
         }
-        Err(err) if verb == "create" && is_namespace_terminating(&err) => {
+        Err(err) if verb == Verb::Update && live::is_gone(&err, &key.name, "endpoints") => {
+            // The cached Endpoints no longer exist (a DELETE the watch never
+            // delivered): forget them; the retry creates them.
+            if let Some(ep) = ctx.stores.endpoints.get(key) {
+                ctx.stores.endpoints.evict_ghost(key, ep.uid());
+            }
+            warn!(%key, "the Endpoints to update were gone; creating them on retry");
+            Err(Error::kube("writing endpoints", key.to_string(), err))
+        }
+        Err(err) if verb == Verb::Create && is_namespace_terminating(&err) => {
             debug!(%key, "namespace is terminating; not creating Endpoints");
             Ok(())
         }
@@ -168,16 +237,51 @@ async fn apply(
     }
 }
 
+/// Pods (name, uid) that the `current` targetRefs name and the `written`
+/// ones no longer do.
+pub(super) fn dropped_pods<'a>(
+    current: impl Iterator<Item = &'a ObjectReference>,
+    written: impl Iterator<Item = &'a ObjectReference>,
+) -> Vec<(String, String)> {
+    let kept: HashSet<&str> = written.filter_map(|r| r.uid.as_deref()).collect();
+    current
+        .filter_map(|r| Some((r.name.clone()?, r.uid.clone()?)))
+        .filter(|(_, uid)| !kept.contains(uid.as_str()))
+        .collect()
+}
+
+/// A pod whose address our write just dropped for a reason of its own (it
+/// turned terminating, or not ready, before its DELETE arrived) has nothing
+/// at stake any more: if its DELETE left a tombstone and nothing else of
+/// ours names it, the tombstone goes. (The guard reads a tombstoned pod live
+/// only while our Endpoints name it.)
+pub(super) fn release_dropped_pods(ctx: &Context, namespace: &str, dropped: Vec<(String, String)>) {
+    for (name, uid) in dropped {
+        let key = ObjectKey::new(namespace, name);
+        let tombstoned = ctx
+            .stores
+            .pods
+            .read()
+            .tombstone(&key)
+            .is_some_and(|t| t.last_known.uid() == uid);
+        if tombstoned && !handlers::pod_referenced(ctx, namespace, &uid) {
+            ctx.stores
+                .pods
+                .confirm_deleted(&key, &uid, Confirmation::Released);
+        }
+    }
+}
+
 /// After a conflict, read the Endpoints live so the retry starts from fresh state
 /// even when the watch is behind.
 async fn refresh_endpoints(ctx: &Context, key: &ObjectKey) -> Result<()> {
-    let api: Api<Endpoints> = Api::namespaced(ctx.client.clone(), &key.namespace);
-    match api.get_opt(&key.name).await {
-        Ok(Some(ep)) => {
-            remember(ctx, key, ep);
+    let stamp = ctx.stores.endpoints.read_stamp();
+    match live::get::<Endpoints>(&ctx.client, &(), key).await {
+        Ok(LiveRead::Found(ep)) => {
+            remember(ctx, key, ep, &stamp);
             Ok(())
         }
-        Ok(None) => Ok(()),
+        Ok(LiveRead::Gone) => Ok(()),
         Err(err) => Err(Error::kube(
             "reading endpoints after a conflict",
             key.to_string(),
@@ -186,18 +290,20 @@ async fn refresh_endpoints(ctx: &Context, key: &ObjectKey) -> Result<()> {
     }
 }
 
-/// Puts Endpoints just written or read live into the cache.
-fn remember(ctx: &Context, key: &ObjectKey, ep: Endpoints) {
+/// Puts Endpoints just written or read live into the cache (`stamp` taken
+/// before the request). A read older than the cache asks for a relist: the
+/// store may have been rewound (see [`hardened_watcher::Store::restore`]).
+fn remember(ctx: &Context, key: &ObjectKey, ep: Endpoints, stamp: &ReadStamp) {
     match CachedEndpoints::new(ep) {
         Some(cached) => {
-            ctx.stores.endpoints.write().restore(cached);
+            ctx.stores.endpoints.restore(cached, stamp);
         }
         // Cannot happen for a decoded object; the watch brings it in anyway.
         None => warn!(%key, "Endpoints could not be encoded for the cache; waiting for the watch"),
     }
 }
 
-fn is_namespace_terminating(err: &kube::Error) -> bool {
+pub(super) fn is_namespace_terminating(err: &kube::Error) -> bool {
     match err {
         kube::Error::Api(status) => {
             status.code == 403
@@ -217,7 +323,7 @@ async fn delete_endpoints(ctx: &Context, key: &ObjectKey, ep: &CachedEndpoints) 
     if ctx.mode == Mode::Audit {
         ctx.metrics
             .audit_divergences
-            .with_label_values(&["delete"])
+            .with_label_values(&[Controller::Endpoints.metric_label(), Verb::Delete.as_str()])
             .inc();
         info!(%key, "audit: Endpoints of a deleted Service would be deleted");
         return Ok(());
@@ -238,10 +344,10 @@ async fn delete_endpoints(ctx: &Context, key: &ObjectKey, ep: &CachedEndpoints) 
         Ok(_) => {
             ctx.metrics
                 .endpoints_writes
-                .with_label_values(&["delete"])
+                .with_label_values(&[Verb::Delete.as_str()])
                 .inc();
             info!(%key, "deleted Endpoints of a Service confirmed gone");
-            ctx.trigger_times.forget(key);
+            ctx.endpoints.trigger_times.forget(key);
             Ok(())
         }
         Err(err) if api_code(&err) == Some(404) => Ok(()),

@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::desired::PodInfo;
-use crate::watch::ObjectKey;
+use hardened_watcher::ObjectKey;
 
 #[derive(Default)]
 struct ServiceState {

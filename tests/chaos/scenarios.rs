@@ -8,7 +8,9 @@ use anyhow::Result;
 use eg_testsupport::chaos::Expected;
 use serde_json::json;
 
-use super::{Env, NS};
+use super::NS;
+use super::env::Env;
+use super::store_faults::{self, Restore};
 
 /// Sets up, applies the fault; returns when the fault began and the state the
 /// controller must reach.
@@ -179,6 +181,14 @@ pub async fn scenario(name: &str, env: &mut Env) -> Result<(Instant, Expected)> 
                     .absent("x"),
             ))
         }
+        "etcd-restore-plain" => store_faults::etcd_restore(env, Restore::Plain).await,
+        "etcd-restore-bump-revision" => store_faults::etcd_restore(env, Restore::Bumped).await,
+        "watch-cache-lost-pod-delete" => store_faults::watch_cache_lost_pod_delete(env).await,
+        // Longer than upstream's retry budget (15 retries from 5 ms: ~164 s).
+        "endpoints-writes-denied-past-retries" => {
+            store_faults::writes_denied_longer_than_retries(env, Duration::from_secs(170)).await
+        }
+        "bare-404-on-get" => store_faults::bare_404_on_get(env).await,
         other => anyhow::bail!("no scenario {other}"),
     }
 }
@@ -221,6 +231,26 @@ pub fn note(name: &str) -> (&'static str, &'static str) {
         "apiserver-restart" => (
             "an event was lost across the restart",
             "both resume (or relist) after the restart; the time is mostly the restart itself",
+        ),
+        "etcd-restore-plain" => (
+            "its watches resume from resourceVersions the restored store has not reached: the API server accepts them and sends nothing, so the restored state and the new pod never arrive (kubernetes#107457)",
+            "it relisted after the restore",
+        ),
+        "etcd-restore-bump-revision" => (
+            "it relists after the 410, but its own staleness check then refuses the restored Endpoints (\"endpoints informer cache is out of date, resource version 199 already processed\": restored objects keep their old RVs), retries and drops the Service; the new pod never reaches the Endpoints",
+            "the bumped, compacted revision answers every watch with 410; client-go relists and takes the restored state",
+        ),
+        "watch-cache-lost-pod-delete" => (
+            "the deleted pod stays in kube-apiserver's watch cache, so in every watch and LIST; its IP stays in the Endpoints",
+            "the DELETE reached the controller another way",
+        ),
+        "endpoints-writes-denied-past-retries" => (
+            "its key ran out of retries while writes were denied and nothing brings it back until the Service or its pods change again",
+            "its retries outlasted the denial",
+        ),
+        "bare-404-on-get" => (
+            "failure A: it deletes the Endpoints of the live Service on the replayed DELETE (it never reads the Service, so the 404 plays no part)",
+            "the replayed DELETE did not reach it",
         ),
         _ => ("", ""),
     }

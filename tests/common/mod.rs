@@ -17,9 +17,24 @@ pub struct Guard {
 }
 
 impl Guard {
-    /// Starts with `--metrics-addr 127.0.0.1:0` plus `args`.
+    /// Starts with `--metrics-addr 127.0.0.1:0` plus `args`. Only the
+    /// Endpoints controller runs unless `args` name `--controllers`: the
+    /// tests of Endpoints then measure it alone, as their counterpart in
+    /// kube-controller-manager runs alone. With `EG_TEST_LOG` set (a
+    /// `RUST_LOG` filter, e.g. `endpoints_guard=info`), its log goes to the
+    /// test's output.
     pub async fn start(client: kube::Client, args: &[&str]) -> anyhow::Result<Guard> {
+        if let Ok(filter) = std::env::var("EG_TEST_LOG") {
+            // Already installed by an earlier Guard of this test binary: fine.
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+                .with_test_writer()
+                .try_init();
+        }
         let mut argv = vec!["endpoints-guard", "--metrics-addr", "127.0.0.1:0"];
+        if !args.iter().any(|a| a.starts_with("--controllers")) {
+            argv.extend(["--controllers", "endpoints"]);
+        }
         argv.extend_from_slice(args);
         let cfg = Config::try_parse_from(argv)?;
         let (tx, rx) = watch::channel(false);
@@ -35,9 +50,24 @@ impl Guard {
         self.running.context.metrics.render().unwrap_or_default()
     }
 
-    /// The value of one metric line (`name{labels}` exactly as exposed), 0 when absent.
+    /// The sum of the samples of `name{labels}` that carry those labels, 0
+    /// when none.
     pub fn metric(&self, series: &str) -> f64 {
         metric_value(&self.metrics_text(), series)
+    }
+
+    /// Asserts that no Endpoints were written (created, updated or deleted),
+    /// as audit mode must.
+    pub fn assert_wrote_nothing(&self) {
+        for verb in ["create", "update", "delete"] {
+            assert_eq!(
+                self.metric(&format!(
+                    "endpoints_guard_endpoints_writes_total{{verb=\"{verb}\"}}"
+                )),
+                0.0,
+                "audit mode wrote ({verb})"
+            );
+        }
     }
 
     pub async fn stop(mut self) {
@@ -57,14 +87,11 @@ impl Drop for Guard {
     }
 }
 
+/// The sum of the samples of `series` (see
+/// [`eg_testsupport::metrics::sample_sum`]: labels given must be present,
+/// others are added up), 0 when none.
 pub fn metric_value(text: &str, series: &str) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find_map(|l| {
-            let (name, value) = l.rsplit_once(' ')?;
-            (name == series).then(|| value.parse().ok()).flatten()
-        })
-        .unwrap_or(0.0)
+    eg_testsupport::metrics::sample_sum(text, series).unwrap_or(0.0)
 }
 
 /// Polls `check` every 200 ms until it returns `Some`, or fails after `timeout`

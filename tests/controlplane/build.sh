@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
-# Builds (or reuses) the upstream programs the local control plane runs:
-# kube-apiserver, kube-controller-manager, etcd and helm, pinned by the Go
-# modules beside this script, into target/controlplane/<k8s-version>/bin/.
+# Builds (or reuses) the programs the local control plane runs, pinned by the
+# Go modules beside this script, into target/controlplane/<k8s-version>/bin/:
+# kube-apiserver, kube-controller-manager, etcd and etcdutl (its snapshot
+# restore tool, same etcd release), helm, prometheus and promtool, and
+# etcd-fault-proxy (our own gRPC proxy between kube-apiserver and etcd that can
+# drop watch events).
 #
 # Reuse, in this order:
-#   1. EG_KUBE_APISERVER / EG_KUBE_CONTROLLER_MANAGER / EG_ETCD / EG_HELM name
-#      existing binaries: each one named is used as is.
+#   1. EG_KUBE_APISERVER / EG_KUBE_CONTROLLER_MANAGER / EG_ETCD / EG_ETCDUTL /
+#      EG_HELM / EG_PROMETHEUS / EG_PROMTOOL name existing binaries: each one
+#      named is used as is.
 #   2. KUBEBUILDER_ASSETS (the envtest convention) holds kube-apiserver and
-#      etcd (and, where present, kube-controller-manager and helm).
+#      etcd (and, where present, any of the others).
 #   3. a binary already in the output folder is kept.
 # Whatever is still missing is built from the Go module proxy.
 #
-# Prints the folder holding all four programs on its last line.
+# Prints the folder holding the programs on its last line.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -28,7 +32,11 @@ programs=(
   "kube-apiserver kubernetes k8s.io/kubernetes/cmd/kube-apiserver"
   "kube-controller-manager kubernetes k8s.io/kubernetes/cmd/kube-controller-manager"
   "etcd etcd endpoints-guard.local/controlplane/etcd"
+  "etcdutl etcd go.etcd.io/etcd/etcdutl/v3"
+  "etcd-fault-proxy etcdproxy endpoints-guard.local/controlplane/etcdproxy"
   "helm helm helm.sh/helm/v4/cmd/helm"
+  "prometheus prometheus github.com/prometheus/prometheus/cmd/prometheus"
+  "promtool prometheus github.com/prometheus/prometheus/cmd/promtool"
 )
 
 explicit_for() {
@@ -36,7 +44,10 @@ explicit_for() {
     kube-apiserver) echo "${EG_KUBE_APISERVER:-}" ;;
     kube-controller-manager) echo "${EG_KUBE_CONTROLLER_MANAGER:-}" ;;
     etcd) echo "${EG_ETCD:-}" ;;
+    etcdutl) echo "${EG_ETCDUTL:-}" ;;
     helm) echo "${EG_HELM:-}" ;;
+    prometheus) echo "${EG_PROMETHEUS:-}" ;;
+    promtool) echo "${EG_PROMTOOL:-}" ;;
   esac
 }
 
@@ -65,6 +76,13 @@ for entry in "${programs[@]}"; do
     minor=$(echo "$k8s_version" | cut -d. -f2)
     v=k8s.io/component-base/version
     ldflags="$ldflags -X $v.gitVersion=$k8s_version -X $v.gitMajor=1 -X $v.gitMinor=$minor -X $v.gitTreeState=clean"
+  fi
+  if [ "$dir" = prometheus ]; then
+    # Prometheus 3.x is published as module v0.3MM.P (3.5.0 = v0.305.0); its
+    # release build stamps the version, which --version and the build-info API report.
+    pv=$(awk '$1=="github.com/prometheus/prometheus" {print $2; exit}' "$here/prometheus/go.mod")
+    n=$(echo "$pv" | cut -d. -f2)
+    ldflags="$ldflags -X github.com/prometheus/common/version.Version=$((n / 100)).$((n % 100)).${pv##*.}"
   fi
   # -trimpath and no VCS stamping: the binary depends only on the pinned modules.
   (cd "$here/$dir" && GOFLAGS=-mod=readonly CGO_ENABLED=0 go build -trimpath -buildvcs=false \

@@ -61,3 +61,17 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- fail "replicaCount > 1 needs leaderElection.enabled=true: without it every replica writes Endpoints" }}
 {{- end }}
 {{- end }}
+
+{{/*
+Alert expression: counter .metric (matchers .sel) rose within .window, per .by
+(aggregated with .agg). increase() sees the increments of a series Prometheus
+already had; the second part sees a series that appears already above 0 (an
+increment before its first scrape), as a series without any sample in the
+window before this one. endpoints-guard exports its counters at 0 from start-up,
+so the second part is the exception, not the rule.
+*/}}
+{{- define "endpoints-guard.counterRose" -}}
+{{ .agg }} by ({{ .by }}) (increase({{ .metric }}{ {{- .sel -}} }[{{ .window }}])) > 0
+or
+{{ .agg }} by ({{ .by }}) ({{ .metric }}{ {{- .sel -}} } unless present_over_time({{ .metric }}{ {{- .sel -}} }[{{ .window }}] offset {{ .window }})) > 0
+{{- end }}

@@ -51,7 +51,33 @@ fn program_in(dir: &Path, name: &str) -> Result<PathBuf> {
         bail!(
             "{name} not found at {}: build the control-plane programs with `make controlplane` \
              (or `bash tests/controlplane/build.sh`), or point {BIN_DIR_ENV} at a folder holding \
-             kube-apiserver, kube-controller-manager, etcd and helm",
+             kube-apiserver, kube-controller-manager, etcd, helm, prometheus and promtool",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// Environment variable naming the watch-chaos binary to use.
+pub const WATCH_CHAOS_ENV: &str = "EG_WATCH_CHAOS";
+
+/// The watch-chaos binary (crate `crates/watch-chaos`): `$EG_WATCH_CHAOS`,
+/// else the one built beside the running test, in `target/<profile>/`
+/// (`make test` builds it; so does `cargo build -p watch-chaos`).
+pub fn watch_chaos() -> Result<PathBuf> {
+    if let Some(path) = std::env::var_os(WATCH_CHAOS_ENV).filter(|p| !p.is_empty()) {
+        return Ok(PathBuf::from(path));
+    }
+    let exe = std::env::current_exe().context("finding the running test")?;
+    // target/<profile>/deps/<test>-<hash>
+    let profile = exe
+        .parent()
+        .and_then(Path::parent)
+        .context("the running test has no target/<profile> folder above it")?;
+    let path = profile.join("watch-chaos");
+    if !path.is_file() {
+        bail!(
+            "{} is missing: build it with `cargo build -p watch-chaos` (make test does), or name it with {WATCH_CHAOS_ENV}",
             path.display()
         );
     }

@@ -12,16 +12,36 @@ use tokio::net::TcpStream;
 
 use crate::process::{LOG_TAIL_LINES, Process, free_ports};
 
-/// Starts etcd with its data in `data_dir`, listening only on 127.0.0.1, and
-/// waits until it reports healthy. Returns the process and its client port.
+/// Where an etcd listens: its client and peer ports on 127.0.0.1.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct EtcdPorts {
+    pub client: u16,
+    pub peer: u16,
+}
+
+impl EtcdPorts {
+    pub fn free() -> Result<Self> {
+        let [client, peer] = free_ports()?;
+        Ok(Self { client, peer })
+    }
+
+    pub fn peer_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.peer)
+    }
+}
+
+/// Starts etcd with its data in `data_dir`, listening only on 127.0.0.1 at
+/// `ports`, and waits until it reports healthy.
 pub(crate) async fn start(
     etcd: &Path,
     data_dir: &Path,
     log_path: &Path,
     extra_args: &[String],
+    ports: EtcdPorts,
     timeout: Duration,
-) -> Result<(Process, u16)> {
-    let [client_port, peer_port] = free_ports()?;
+) -> Result<Process> {
+    let client_port = ports.client;
+    let peer_port = ports.peer;
     let client_url = format!("http://127.0.0.1:{client_port}");
     let peer_url = format!("http://127.0.0.1:{peer_port}");
     let mut args = vec![
@@ -49,7 +69,7 @@ pub(crate) async fn start(
         if let Ok((200, body)) = request(addr, "GET", "/health", None).await
             && body.get("health").and_then(Value::as_str) == Some("true")
         {
-            return Ok((process, client_port));
+            return Ok(process);
         }
         if Instant::now() > deadline {
             bail!(

@@ -20,34 +20,42 @@
 //! while the thread is panicking: then the logs are kept, their paths and last
 //! lines printed to stderr. Set `EG_KEEP_CONTROLPLANE_DIR=1` to always keep it.
 
+mod admission;
+mod apiserver;
 pub mod bench;
 pub mod binaries;
 pub mod certs;
 pub mod chaos;
 mod etcd;
+mod etcd_admin;
 mod kubeconfig;
+pub mod loopback;
+pub mod metrics;
 mod objects;
 pub mod process;
+pub mod prometheus;
+mod shortcuts;
+pub mod slice_workload;
 pub mod sockets;
 pub mod workload;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context, Result, anyhow, bail};
-use k8s_openapi::api::core::v1::Namespace;
-use kube::Api;
+use anyhow::{Context, Result, bail};
 use tempfile::TempDir;
 
 pub use binaries::Binaries;
 pub use certs::{ADMIN_USER, Pki};
+pub use etcd_admin::EtcdBackup;
 pub use objects::{PodBuilder, PodStatusSpec, ServiceBuilder, ready_ips};
 pub use process::Process;
 
+use crate::apiserver::{apiserver_args, wait_ready};
 use crate::kubeconfig::Credentials;
-use crate::process::{LOG_TAIL_LINES, free_port};
+use crate::process::free_port;
 
 /// Environment variable that, when set (to anything but empty or `0`), keeps
 /// the control plane's temporary folder after the test.
@@ -70,6 +78,10 @@ pub struct ControlPlaneOptions {
     pub etcd_args: Vec<String>,
     /// How long etcd and kube-apiserver each get to become ready.
     pub startup_timeout: Duration,
+    /// Runs etcd-fault-proxy between kube-apiserver and etcd, so watch events
+    /// can be dropped on their way to kube-apiserver's watch cache (see
+    /// [`ControlPlane::etcd_drop_events`]).
+    pub etcd_fault_proxy: bool,
 }
 
 impl Default for ControlPlaneOptions {
@@ -79,6 +91,7 @@ impl Default for ControlPlaneOptions {
             apiserver_args: Vec::new(),
             etcd_args: Vec::new(),
             startup_timeout: Duration::from_secs(90),
+            etcd_fault_proxy: false,
         }
     }
 }
@@ -95,6 +108,12 @@ impl ControlPlaneOptions {
         self.etcd_compaction_interval = Some(interval);
         self
     }
+
+    /// Puts etcd-fault-proxy between kube-apiserver and etcd.
+    pub fn with_etcd_fault_proxy(mut self) -> Self {
+        self.etcd_fault_proxy = true;
+        self
+    }
 }
 
 /// A running etcd + kube-apiserver. Dropping it stops both and removes its
@@ -102,12 +121,14 @@ impl ControlPlaneOptions {
 pub struct ControlPlane {
     apiserver: Option<Process>,
     etcd: Option<Process>,
+    etcd_proxy: Option<etcd_admin::FaultProxy>,
+    etcd_args: Vec<String>,
+    etcd_ports: etcd::EtcdPorts,
     apiserver_args: Vec<String>,
     binaries: Binaries,
     startup_timeout: Duration,
     pki: Pki,
     secure_port: u16,
-    etcd_port: u16,
     kubeconfig: PathBuf,
     root: PathBuf,
     log_dir: PathBuf,
@@ -132,11 +153,13 @@ impl ControlPlane {
             .with_context(|| format!("creating {}", log_dir.display()))?;
         let pki = Pki::generate(&root.join("pki"))?;
 
-        let (etcd, etcd_port) = match etcd::start(
+        let etcd_ports = etcd::EtcdPorts::free()?;
+        let etcd = match etcd::start(
             &binaries.etcd,
-            &root.join("etcd-data"),
+            &root.join(etcd_admin::DATA_DIR),
             &log_dir.join("etcd.log"),
             &options.etcd_args,
+            etcd_ports,
             options.startup_timeout,
         )
         .await
@@ -149,6 +172,17 @@ impl ControlPlane {
                 );
             }
         };
+        let etcd_proxy = if options.etcd_fault_proxy {
+            Some(
+                etcd_admin::FaultProxy::start(&log_dir, etcd_ports.client, options.startup_timeout)
+                    .await?,
+            )
+        } else {
+            None
+        };
+        let etcd_servers_port = etcd_proxy
+            .as_ref()
+            .map_or(etcd_ports.client, |proxy| proxy.listen_port);
 
         let secure_port = free_port()?;
         let server = format!("https://127.0.0.1:{secure_port}");
@@ -168,12 +202,14 @@ impl ControlPlane {
         let mut cp = Self {
             apiserver: None,
             etcd: Some(etcd),
-            apiserver_args: apiserver_args(&options, &pki, secure_port, etcd_port),
+            etcd_proxy,
+            etcd_args: options.etcd_args.clone(),
+            etcd_ports,
+            apiserver_args: apiserver_args(&options, &pki, secure_port, etcd_servers_port),
             binaries,
             startup_timeout: options.startup_timeout,
             pki,
             secure_port,
-            etcd_port,
             kubeconfig,
             root,
             log_dir,
@@ -204,7 +240,7 @@ impl ControlPlane {
 
     /// `http://127.0.0.1:<port>`: etcd's client URL.
     pub fn etcd_client_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.etcd_port)
+        format!("http://127.0.0.1:{}", self.etcd_ports.client)
     }
 
     /// The folder holding one log file per started program.
@@ -342,13 +378,13 @@ impl ControlPlane {
     /// Deletes one key straight from etcd, behind kube-apiserver's back: e.g.
     /// `/registry/services/specs/<ns>/<name>`. With kube-apiserver stopped, no
     /// watcher ever sees that DELETE — a lost delete, as in
-    /// shared/watch-failures.md (C). Returns how many keys were deleted.
+    /// docs/watch-failures.md (C). Returns how many keys were deleted.
     pub async fn etcd_delete_key(&self, key: &str) -> Result<i64> {
         etcd::delete_key(self.etcd_addr(), key).await
     }
 
     fn etcd_addr(&self) -> SocketAddr {
-        SocketAddr::from((Ipv4Addr::LOCALHOST, self.etcd_port))
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.etcd_ports.client))
     }
 
     /// Starts kube-apiserver and waits for it; on failure the logs are kept.
@@ -372,92 +408,6 @@ impl ControlPlane {
     }
 }
 
-fn apiserver_args(
-    options: &ControlPlaneOptions,
-    pki: &Pki,
-    port: u16,
-    etcd_port: u16,
-) -> Vec<String> {
-    let path = |p: &Path| p.display().to_string();
-    let mut args = vec![
-        "--bind-address=127.0.0.1".to_string(),
-        "--advertise-address=127.0.0.1".to_string(),
-        format!("--secure-port={port}"),
-        format!("--tls-cert-file={}", path(&pki.serving_cert)),
-        format!("--tls-private-key-file={}", path(&pki.serving_key)),
-        format!("--client-ca-file={}", path(&pki.ca_cert)),
-        format!("--service-account-key-file={}", path(&pki.sa_public_key)),
-        format!(
-            "--service-account-signing-key-file={}",
-            path(&pki.sa_private_key)
-        ),
-        format!("--service-account-issuer=https://127.0.0.1:{port}"),
-        "--authorization-mode=RBAC".to_string(),
-        format!("--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}"),
-        // No service-account controller runs, so namespaces never get their
-        // `default` ServiceAccount, and the ServiceAccount admission plugin
-        // would reject every pod for lacking it.
-        "--disable-admission-plugins=ServiceAccount".to_string(),
-        format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
-        // The apiserver cannot publish 127.0.0.1 as the `kubernetes`
-        // Service's endpoint (loopback is invalid there) and would log an
-        // error every few seconds trying; the Service itself is still made.
-        "--endpoint-reconciler-type=none".to_string(),
-        // API priority and fairness only slows startup down here.
-        "--enable-priority-and-fairness=false".to_string(),
-        "--profiling=false".to_string(),
-        "--v=1".to_string(),
-    ];
-    if let Some(interval) = options.etcd_compaction_interval {
-        args.push(format!(
-            "--etcd-compaction-interval={}ms",
-            interval.as_millis()
-        ));
-    }
-    args.extend(options.apiserver_args.iter().cloned());
-    args
-}
-
-async fn wait_ready(client: &kube::Client, process: &mut Process, timeout: Duration) -> Result<()> {
-    let start = Instant::now();
-    loop {
-        process.ensure_running()?;
-        let last = match probe(client).await {
-            Ok(()) => return Ok(()),
-            Err(err) => format!("{err:#}"),
-        };
-        if start.elapsed() > timeout {
-            return Err(anyhow!(
-                "kube-apiserver not ready after {timeout:?} (last: {last}); last lines of {}:\n{}",
-                process.log_path().display(),
-                process.log_tail(LOG_TAIL_LINES)
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// `/readyz` says ok and the `default` namespace exists.
-async fn probe(client: &kube::Client) -> Result<()> {
-    let request = http::Request::get("/readyz")
-        .body(Vec::new())
-        .context("building GET /readyz")?;
-    let answer = tokio::time::timeout(Duration::from_secs(5), client.request_text(request))
-        .await
-        .context("GET /readyz timed out")?
-        .context("GET /readyz")?;
-    if answer.trim() != "ok" {
-        bail!("/readyz: {answer}");
-    }
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    tokio::time::timeout(Duration::from_secs(5), namespaces.get_opt("default"))
-        .await
-        .context("GET namespace default timed out")?
-        .context("GET namespace default")?
-        .ok_or_else(|| anyhow!("namespace default not created yet"))?;
-    Ok(())
-}
-
 impl std::fmt::Debug for ControlPlane {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ControlPlane")
@@ -474,6 +424,7 @@ impl Drop for ControlPlane {
     fn drop(&mut self) {
         // kube-apiserver first, so it does not log etcd errors on the way out.
         drop(self.apiserver.take());
+        drop(self.etcd_proxy.take());
         drop(self.etcd.take());
         let Some(dir) = self.dir.take() else { return };
         let keep_asked = std::env::var(KEEP_DIR_ENV).is_ok_and(|v| !v.is_empty() && v != "0");
@@ -481,7 +432,8 @@ impl Drop for ControlPlane {
             let root = dir.keep();
             if !keep_asked {
                 // The logs are what a failed test needs; etcd's data is large.
-                let _ = std::fs::remove_dir_all(root.join("etcd-data"));
+                let _ = std::fs::remove_dir_all(root.join(etcd_admin::DATA_DIR));
+                let _ = std::fs::remove_dir_all(root.join(etcd_admin::BACKUP_DIR));
             }
             eprintln!(
                 "--- eg-testsupport: control-plane files kept in {} (logs in {})",

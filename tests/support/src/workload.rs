@@ -54,11 +54,11 @@ pub struct Workload {
     pub user_endpoints: Vec<Endpoints>,
 }
 
-fn meta(ns: &str, name: &str, labels: BTreeMap<String, String>) -> Value {
+pub(crate) fn meta(ns: &str, name: &str, labels: BTreeMap<String, String>) -> Value {
     json!({"namespace": ns, "name": name, "labels": labels})
 }
 
-fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+pub(crate) fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
     pairs
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -66,7 +66,7 @@ fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
 }
 
 /// Pod states, taken in turn by index; most pods are ready.
-fn status_for(index: usize, dual_stack: bool) -> Value {
+pub(crate) fn status_for(index: usize, dual_stack: bool) -> Value {
     let v4 = format!(
         "10.{}.{}.{}",
         64 + (index >> 16) % 64,
@@ -105,17 +105,17 @@ fn status_for(index: usize, dual_stack: bool) -> Value {
     status
 }
 
-struct PodShape<'a> {
-    ns: &'a str,
-    name: String,
-    app: String,
-    ports: Value,
-    sidecar_ports: Option<Value>,
-    hostname: Option<String>,
-    subdomain: Option<String>,
+pub(crate) struct PodShape<'a> {
+    pub ns: &'a str,
+    pub name: String,
+    pub app: String,
+    pub ports: Value,
+    pub sidecar_ports: Option<Value>,
+    pub hostname: Option<String>,
+    pub subdomain: Option<String>,
 }
 
-fn pod(shape: PodShape<'_>, index: usize) -> Pod {
+pub(crate) fn pod(shape: PodShape<'_>, index: usize) -> Pod {
     let mut spec = json!({
         "nodeName": format!("node-{}", index % 3),
         "containers": [{"name": "app", "image": "registry.invalid/app:1", "ports": shape.ports}],
@@ -439,4 +439,15 @@ pub async fn delete_all_endpoints(client: &Client, keys: Vec<String>) -> Result<
         .try_collect::<Vec<_>>()
         .await?;
     Ok(())
+}
+
+/// Writes a parity report as pretty JSON to `target/parity/<file_name>` under
+/// the workspace root and returns its path.
+pub fn write_parity_report(file_name: &str, report: &Value) -> Result<std::path::PathBuf> {
+    let dir = crate::binaries::workspace_root()?.join("target/parity");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join(file_name);
+    std::fs::write(&path, serde_json::to_string_pretty(report)?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(path)
 }

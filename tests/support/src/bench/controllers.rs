@@ -129,30 +129,30 @@ impl Running {
     }
 }
 
-/// Starts endpoints-guard with the given resync interval (e.g. `5m`).
+/// Starts endpoints-guard with 5 workers, page size 500 and `extra_args`
+/// (e.g. `--resync-interval=5m`).
 pub fn start_guard(
     cp: &ControlPlane,
     binary: &Path,
     kubeconfig: &Path,
-    resync_interval: &str,
+    extra_args: &[String],
     log_name: &str,
 ) -> Result<Running> {
     let port = free_port()?;
-    let args: Vec<String> = [
+    let mut args: Vec<String> = [
         "--kubeconfig",
         &kubeconfig.display().to_string(),
         "--metrics-addr",
         &format!("127.0.0.1:{port}"),
         "--workers",
         "5",
-        "--resync-interval",
-        resync_interval,
         "--list-page-size",
         "500",
     ]
     .iter()
     .map(|s| s.to_string())
     .collect();
+    args.extend(extra_args.iter().cloned());
     let process = Process::spawn(
         "endpoints-guard",
         binary,

@@ -52,6 +52,9 @@ pub struct BenchOptions {
     pub steady: Duration,
     /// endpoints-guard's `--resync-interval` in the resync phase.
     pub resync_interval: Duration,
+    /// endpoints-guard's `--ghost-scan-qps` (its default): the reads it makes
+    /// in every phase, reported on their own in steady.
+    pub ghost_scan_qps: f64,
     /// Where report.json, report.md and the CDF plot go.
     pub out_dir: PathBuf,
     /// The endpoints-guard binary.
@@ -73,6 +76,7 @@ impl BenchOptions {
             churn: Duration::from_secs(60),
             steady: Duration::from_secs(60),
             resync_interval: Duration::from_secs(10),
+            ghost_scan_qps: 20.0,
             out_dir,
             guard_binary,
             controllers: vec![Controller::Guard, Controller::Upstream],
@@ -237,7 +241,10 @@ impl Bench {
                 &self.cp,
                 &self.opts.guard_binary,
                 self.kubeconfig(c)?,
-                resync,
+                &[
+                    format!("--resync-interval={resync}"),
+                    format!("--ghost-scan-qps={}", self.opts.ghost_scan_qps),
+                ],
                 log_name,
             ),
             Controller::Upstream => controllers::start_upstream(
@@ -331,6 +338,7 @@ impl Bench {
             peak_rss_main_mb,
             phases,
             resync,
+            ghost_scan_qps: (c == Controller::Guard).then_some(self.opts.ghost_scan_qps),
         });
         Ok((run, latencies))
     }

@@ -69,10 +69,4 @@ pub async fn http_get(port: u16, path: &str) -> Result<String> {
     Ok(body.to_string())
 }
 
-/// The value of the first sample line whose name and labels are exactly `series`.
-pub fn metric(text: &str, series: &str) -> Option<f64> {
-    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
-        let (name, value) = l.rsplit_once(' ')?;
-        (name == series).then(|| value.parse().ok()).flatten()
-    })
-}
+pub use crate::metrics::sample_sum as metric;

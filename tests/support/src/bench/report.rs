@@ -41,6 +41,47 @@ pub struct RunResult {
     pub churn_writes: u64,
     pub phases: BTreeMap<String, Phase>,
     pub resync: Option<Resync>,
+    /// endpoints-guard's `--ghost-scan-qps` in this run.
+    #[serde(default)]
+    pub ghost_scan_qps: Option<f64>,
+}
+
+impl RunResult {
+    /// The ghost scan in the steady phase, where it makes every request:
+    /// (reads, reads a second, CPU µs per read). `None` for upstream.
+    pub fn ghost_scan_cost(&self) -> Option<(u64, f64, f64)> {
+        self.ghost_scan_qps?;
+        let steady = self.phases.get("steady")?;
+        let reads = steady.requests.get("get").copied().unwrap_or(0);
+        let per_s = if steady.wall_s > 0.0 {
+            reads as f64 / steady.wall_s
+        } else {
+            0.0
+        };
+        let cpu_us = if reads > 0 {
+            steady.cpu_s * 1e6 / reads as f64
+        } else {
+            0.0
+        };
+        Some((reads, per_s, cpu_us))
+    }
+
+    /// Whether steady brought nothing but the ghost scan's GETs, within its
+    /// budget (10 % and two reads of slack for the phase edges).
+    pub fn steady_is_only_the_ghost_scan(&self) -> bool {
+        let Some(steady) = self.phases.get("steady") else {
+            return false;
+        };
+        let budget = self.ghost_scan_qps.unwrap_or(0.0) * steady.wall_s * 1.1 + 2.0;
+        let gets = steady.requests.get("get").copied().unwrap_or(0);
+        let others: u64 = steady
+            .requests
+            .iter()
+            .filter(|(verb, _)| verb.as_str() != "get")
+            .map(|(_, n)| n)
+            .sum();
+        steady.writes == 0 && others == 0 && (gets as f64) <= budget
+    }
 }
 
 pub(super) struct Parts<'a> {
@@ -56,6 +97,7 @@ pub(super) struct Parts<'a> {
     pub peak_rss_main_mb: f64,
     pub phases: BTreeMap<String, Phase>,
     pub resync: Option<Resync>,
+    pub ghost_scan_qps: Option<f64>,
 }
 
 /// Nearest-rank percentile of sorted values (0 when empty).
@@ -102,6 +144,7 @@ pub(super) fn assemble(parts: Parts<'_>) -> RunResult {
         churn_writes: parts.phases.get("churn").map_or(0, |p| p.writes),
         phases: parts.phases,
         resync: parts.resync,
+        ghost_scan_qps: parts.ghost_scan_qps,
     }
 }
 
@@ -322,15 +365,15 @@ pub fn markdown(runs: &[RunResult]) -> String {
                 format!("{wpc:.3}"),
                 (wpc - 1.0).abs() < 1e-9,
             );
-            let steady_reads = o
-                .phases
-                .get("steady")
-                .map_or(0, |p| p.requests.get("get").copied().unwrap_or(0));
+            let (reads, per_s, cpu_us) = o.ghost_scan_cost().unwrap_or_default();
             row(
                 &mut out,
-                "guard's live reads in steady = 0",
-                steady_reads.to_string(),
-                steady_reads == 0,
+                "guard's steady requests: only the ghost scan's GETs, within --ghost-scan-qps",
+                format!(
+                    "{reads} GETs, {per_s:.1}/s (budget {}/s), {cpu_us:.0} µs CPU per read",
+                    o.ghost_scan_qps.unwrap_or(0.0)
+                ),
+                o.steady_is_only_the_ghost_scan(),
             );
         }
     }

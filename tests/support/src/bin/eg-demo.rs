@@ -7,34 +7,23 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use eg_testsupport::binaries::workspace_root;
-use eg_testsupport::chaos::{ChaosProxy, Expected, Observer};
+use eg_testsupport::chaos::{ChaosProxy, Observer, failure_a_history};
+use eg_testsupport::loopback;
 use eg_testsupport::process::{Process, free_port};
+use eg_testsupport::prometheus::{Prometheus, render_chart_monitoring};
 use eg_testsupport::{
     ControlPlane, ControlPlaneOptions, PodBuilder, PodStatusSpec, ServiceBuilder,
 };
 use k8s_openapi::api::core::v1::Endpoints;
 use kube::Api;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn controller_binary() -> Result<PathBuf> {
     release_binary("EG_BINARY", "endpoints-guard")
 }
 
-/// A plain HTTP/1.0 GET on loopback: status code and body.
+/// A GET on loopback: status code and body.
 async fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    stream
-        .write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
-        .await?;
-    let mut buf = String::new();
-    stream.read_to_string(&mut buf).await?;
-    let (head, body) = buf.split_once("\r\n\r\n").unwrap_or((buf.as_str(), ""));
-    let code = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    Ok((code, body.to_string()))
+    loopback::request(port, "GET", path, "text/plain", "").await
 }
 
 fn release_binary(env: &str, name: &str) -> Result<PathBuf> {
@@ -44,7 +33,7 @@ fn release_binary(env: &str, name: &str) -> Result<PathBuf> {
     let path = workspace_root()?.join("target/release").join(name);
     if !path.exists() {
         bail!(
-            "{} is missing: run `cargo build --release --bins` (make demo does)",
+            "{} is missing: run `cargo build --release -p endpoints-guard -p watch-chaos --bins` (make demo does)",
             path.display()
         );
     }
@@ -75,6 +64,63 @@ struct Outcome {
     long_endpoints: String,
 }
 
+/// A Prometheus scraping endpoints-guard on `port` as the chart's
+/// ServiceMonitor would, with the chart's rules; None (said why) when the
+/// binary is missing.
+async fn start_prometheus(cp: &ControlPlane, port: u16) -> Result<Option<Prometheus>> {
+    let binary = match Prometheus::binary() {
+        Ok(binary) => binary,
+        Err(err) => {
+            println!("    Prometheus is not available, so no alert is shown: {err:#}");
+            return Ok(None);
+        }
+    };
+    let monitoring = render_chart_monitoring(&[])?;
+    let prometheus = Prometheus::scraping_endpoints_guard(
+        &binary,
+        &cp.log_dir().join("prometheus"),
+        &monitoring,
+        port,
+        "demo",
+    )
+    .await?;
+    println!(
+        "    Prometheus {} on 127.0.0.1:{} scrapes it (job {}, the chart's alert rules, every 1 s)",
+        binary.display(),
+        prometheus.port,
+        monitoring.job
+    );
+    Ok(Some(prometheus))
+}
+
+/// The spurious-deletion alert as Prometheus's alerts API reports it, once it fires.
+async fn prevented_alert(prometheus: &Prometheus) -> Result<String> {
+    let alert = prometheus
+        .wait_for_firing(
+            "EndpointsGuardSpuriousDeletionsPrevented",
+            &[],
+            Duration::from_secs(30),
+        )
+        .await?;
+    let labels: Vec<String> = alert["labels"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(k, _)| *k != "alertname")
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    Ok(format!(
+        "{} {} {{{}}} since {}: {}",
+        alert["labels"]["alertname"].as_str().unwrap_or_default(),
+        alert["state"].as_str().unwrap_or_default(),
+        labels.join(", "),
+        alert["activeAt"].as_str().unwrap_or_default(),
+        alert["annotations"]["description"]
+            .as_str()
+            .unwrap_or_default()
+    ))
+}
+
 /// Failure A through watch-chaos, once with endpoints-guard and once with
 /// kube-controller-manager's endpoints controller behind the same proxy: the
 /// proxy sends the controller's Service watch a DELETE of the live, long-lived
@@ -94,6 +140,7 @@ async fn replay_failure_a(cp: &ControlPlane) -> Result<()> {
         proxy.control_port
     );
     let mut outcomes = Vec::new();
+    let mut seen = Vec::new();
     for (ns, upstream) in [("replay-guard", false), ("replay-upstream", true)] {
         let who = if upstream {
             "kube-controller-manager"
@@ -119,39 +166,14 @@ async fn replay_failure_a(cp: &ControlPlane) -> Result<()> {
             ];
             Process::spawn("endpoints-guard", &controller_binary()?, &args, &log)?
         };
+        let prometheus = match upstream {
+            false => start_prometheus(cp, port).await?,
+            true => None,
+        };
         println!(
             "    Service long (the oldest), then Service b created, deleted and created again"
         );
-        for (name, ip) in [("long", "10.0.1.10"), ("b", "10.0.1.20")] {
-            cp.create_service(
-                ServiceBuilder::new(ns, name)
-                    .selector("app", name)
-                    .port("http", 80, 8080, "TCP"),
-            )
-            .await?;
-            let pod = format!("{name}-0");
-            cp.create_pod_with_status(
-                PodBuilder::serving(ns, &pod, name),
-                PodStatusSpec::ready([ip]),
-            )
-            .await?;
-            if name == "b" {
-                tokio::time::sleep(Duration::from_millis(300)).await;
-                Api::<k8s_openapi::api::core::v1::Service>::namespaced(cp.client(), ns)
-                    .delete("b", &Default::default())
-                    .await?;
-                tokio::time::sleep(Duration::from_millis(300)).await;
-                cp.create_service(
-                    ServiceBuilder::new(ns, "b")
-                        .selector("app", "b")
-                        .port("http", 80, 8080, "TCP"),
-                )
-                .await?;
-            }
-        }
-        let expected = Expected::default()
-            .service("long", &["10.0.1.10"])
-            .service("b", &["10.0.1.20"]);
+        let expected = failure_a_history(cp, ns, "10.0.1.10", "10.0.1.20").await?;
         let deadline = Instant::now() + Duration::from_secs(60);
         while expected.check(&cp.client(), ns).await?.is_some() {
             if Instant::now() > deadline {
@@ -216,6 +238,18 @@ async fn replay_failure_a(cp: &ControlPlane) -> Result<()> {
                 .filter(|l| !l.starts_with('#') && l.contains("prevented"))
             {
                 println!("      {line}");
+                if !line.ends_with(" 0") {
+                    seen.push(format!("metric: {line}"));
+                }
+            }
+            if let Some(prometheus) = &prometheus {
+                let alert = prevented_alert(prometheus).await?;
+                println!("    alert (Prometheus /api/v1/alerts):\n      {alert}");
+                seen.push(format!("alert:  {alert}"));
+            } else {
+                seen.push(
+                    "alert:  not shown: Prometheus is missing (make controlplane builds it)".into(),
+                );
             }
         }
         let spurious = observer.spurious_deletions();
@@ -245,6 +279,10 @@ async fn replay_failure_a(cp: &ControlPlane) -> Result<()> {
         guard.long_endpoints,
         upstream.long_endpoints
     );
+    step("what the operator of endpoints-guard sees");
+    for line in seen {
+        println!("    {line}");
+    }
     Ok(())
 }
 

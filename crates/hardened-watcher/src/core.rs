@@ -1,0 +1,377 @@
+//! [`WatchCore`]: everything a watcher decides, without I/O. The async
+//! driver (`driver.rs`) performs the [`Step`]s it asks for and hands back
+//! what came of them; the unit tests drive the very same core with scripted
+//! pages, lines and reads.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use kube::runtime::utils::Backoff;
+use tokio::sync::oneshot;
+use tracing::{debug, info, warn};
+
+use super::cache::ReadStamp;
+use super::decode::Listed;
+use super::error::ApiErrorKind;
+use super::list::{ListDiffBuilder, ListMode, ListOutcome, Page};
+use super::machine::{Action, Machine, PageOutcome, RestartReason};
+use super::object::{Cached, Change, Dispute, LiveRead, ObjectKey, Resolution};
+use super::observer::WatchObserver;
+use super::store::{Request, ResyncReport, Store};
+
+/// Where a watcher delivers every change it applies, in order: watch events,
+/// list diffs and repairs alike. Deletion candidates included: the receiver
+/// confirms them with a live read before acting. Called on the watcher's
+/// task with no lock held; it must not block.
+pub type Sink<T> = Arc<dyn Fn(&Change<T>) + Send + Sync>;
+
+/// What the driver must do next.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// What the state machine asks: a LIST page, a WATCH, or a pause (then
+    /// [`WatchCore::on_backoff_elapsed`]).
+    Act(Action),
+    /// GET `key` with resourceVersion unset, then call [`WatchCore::on_read`].
+    Read {
+        /// The object to read.
+        key: ObjectKey,
+    },
+}
+
+/// The decisions of one watcher.
+pub struct WatchCore<T: Cached> {
+    pub(super) machine: Machine,
+    pub(super) store: Store<T>,
+    pub(super) observer: Arc<dyn WatchObserver>,
+    pub(super) sink: Sink<T>,
+    /// The list being fetched.
+    pub(super) list: Option<ListDiffBuilder<T>>,
+    /// The mode of the next list to start.
+    pub(super) next_mode: ListMode,
+    /// Items of the last list that live reads must settle, and the list's RV
+    /// and mode to go on with afterwards.
+    pub(super) disputes: VecDeque<Dispute<T>>,
+    pub(super) after_disputes: Option<(String, ListMode)>,
+    /// A read settled a dispute as a rewound store.
+    pub(super) rewind_confirmed: bool,
+    /// Taken when a [`Step::Read`] is handed out.
+    pub(super) read_stamp: Option<ReadStamp>,
+    /// Resyncs waiting for the next list to be applied.
+    pub(super) waiting: Vec<oneshot::Sender<ResyncReport>>,
+    /// After a resync list the watch resumes from before it: events up to the
+    /// list's RV were overtaken by the list and are not reported as stale.
+    pub(super) replay_until: Option<String>,
+    /// Changes of the list that ended, for the next resync report.
+    pub(super) report: ResyncReport,
+}
+
+impl<T: Cached> WatchCore<T> {
+    /// A core for `store`, delivering to `sink`, reporting to `observer`,
+    /// listing `page_limit` objects a page and backing off with `backoff`.
+    pub fn new(
+        store: Store<T>,
+        sink: Sink<T>,
+        observer: Arc<dyn WatchObserver>,
+        page_limit: u32,
+        backoff: Box<dyn Backoff>,
+    ) -> Self {
+        Self {
+            machine: Machine::new(page_limit, backoff),
+            store,
+            observer,
+            sink,
+            list: None,
+            next_mode: ListMode::Recover,
+            disputes: VecDeque::new(),
+            after_disputes: None,
+            rewind_confirmed: false,
+            read_stamp: None,
+            waiting: Vec::new(),
+            replay_until: None,
+            report: ResyncReport::default(),
+        }
+    }
+
+    pub(super) fn resource(&self) -> &'static str {
+        self.store.resource()
+    }
+
+    /// The state machine (for tests and debugging).
+    pub fn machine(&self) -> &Machine {
+        &self.machine
+    }
+
+    /// The store this core fills.
+    pub fn store(&self) -> &Store<T> {
+        &self.store
+    }
+
+    /// The next step. Starting a list takes the cache's high-water mark now,
+    /// before the request is sent.
+    pub fn next_step(&mut self) -> Step {
+        if let Some(dispute) = self.disputes.front() {
+            self.read_stamp = Some(self.store.read_stamp());
+            return Step::Read {
+                key: dispute.listed.key(),
+            };
+        }
+        if self.machine.starts_list() && self.list.is_none() {
+            self.list = Some(ListDiffBuilder::new(&self.store.read(), self.next_mode));
+        }
+        Step::Act(self.machine.next_action())
+    }
+
+    /// The pause asked by [`Action::Backoff`] is over.
+    pub fn on_backoff_elapsed(&mut self) {
+        self.machine.on_backoff_elapsed();
+    }
+
+    /// A LIST page arrived, or the request failed.
+    pub fn on_list_page(&mut self, page: Result<Page<T>, kube::Error>) {
+        let page = match page {
+            Ok(page) if !page.resource_version.is_empty() => page,
+            Ok(_) => {
+                self.abort_list();
+                self.machine.on_list_page(None, "");
+                warn!("list page without resourceVersion; relisting after backoff");
+                self.observer
+                    .restart(self.resource(), RestartReason::ListError);
+                return;
+            }
+            Err(err) => {
+                self.abort_list();
+                let reason = self.machine.on_list_error(ApiErrorKind::classify(&err));
+                warn!(error = %err, reason = reason.metric_label(), "list failed");
+                self.observer.restart(self.resource(), reason);
+                return;
+            }
+        };
+        let undecodable = page
+            .items
+            .iter()
+            .filter(|e| matches!(e, Listed::Unknown(_)))
+            .count();
+        for _ in 0..undecodable {
+            self.observer.undecodable(self.resource());
+        }
+        let Some(builder) = self.list.as_mut() else {
+            // A page without a list started: cannot happen with `next_step`.
+            warn!("list page arrived outside a list; relisting");
+            self.machine.request_relist(RestartReason::ListError);
+            return;
+        };
+        let was_rewound = builder.rewound();
+        builder.apply_page(&mut self.store.write(), page.items, &page.resource_version);
+        if builder.rewound() && !was_rewound {
+            self.start_rewind(&page.resource_version, "the consistent list's RV");
+        }
+        match self
+            .machine
+            .on_list_page(page.continue_token, &page.resource_version)
+        {
+            PageOutcome::More | PageOutcome::Invalid => {}
+            PageOutcome::Complete { list_rv } => self.finish_list(list_rv),
+        }
+    }
+
+    fn start_rewind(&mut self, list_rv: &str, evidence: &str) {
+        let floor = self.store.read().highest_rv().map(str::to_owned);
+        warn!(
+            list_rv,
+            known_rv = ?floor,
+            evidence,
+            "the store was rewound (etcd restored from a backup?): the cache starts over from a consistent list"
+        );
+        self.observer.store_rewind(self.resource());
+        self.next_mode = ListMode::Rewind;
+        if self.store.set_synced(false) {
+            self.observer.synced(self.resource(), false);
+        }
+    }
+
+    /// A list that failed midway: its upserts are real changes; nothing
+    /// was taken for deleted.
+    fn abort_list(&mut self) {
+        if let Some(builder) = self.list.take() {
+            let diff = builder.abort();
+            self.emit_all(diff.changes);
+        }
+    }
+
+    fn finish_list(&mut self, list_rv: String) {
+        let Some(builder) = self.list.take() else {
+            return;
+        };
+        let outcome: ListOutcome<T> = builder.finish(&mut self.store.write());
+        for kind in &outcome.leftover_drift {
+            self.observer.drift(self.resource(), *kind);
+        }
+        let diff = outcome.diff;
+        info!(
+            list_rv,
+            mode = ?outcome.mode,
+            added = diff.added,
+            updated = diff.updated,
+            deletion_candidates = diff.deletion_candidates,
+            stale = diff.stale.len(),
+            kept_newer = diff.kept_newer,
+            disputed = diff.disputes.len(),
+            released = diff.released,
+            "consistent list applied as a diff"
+        );
+        self.observer.relist(self.resource());
+        for reason in &diff.stale {
+            self.observer.stale_ignored(self.resource(), *reason);
+        }
+        self.report = ResyncReport {
+            changes: diff.changes.len(),
+            disputes: diff.disputes.len(),
+        };
+        self.emit_all(diff.changes);
+        if outcome.list_rv.is_none() {
+            // Pages of different snapshots: nothing was deleted; list again.
+            warn!("list pages disagreed on the resourceVersion; relisting");
+            self.machine.request_relist(RestartReason::ListError);
+            return;
+        }
+        if diff.disputes.is_empty() {
+            self.after_list(&list_rv, outcome.mode);
+        } else {
+            self.disputes = diff.disputes.into();
+            self.after_disputes = Some((list_rv, outcome.mode));
+        }
+    }
+
+    /// The list is in: say where the watch starts, and that the cache is synced.
+    fn after_list(&mut self, list_rv: &str, mode: ListMode) {
+        match mode {
+            ListMode::Recover => self.machine.watch_from_list(list_rv),
+            ListMode::Resync => {
+                self.machine.resume_after_list();
+                self.replay_until = Some(list_rv.to_owned());
+            }
+            ListMode::Rewind => {
+                self.machine.rewind_to(list_rv);
+                self.replay_until = None;
+            }
+        }
+        self.next_mode = ListMode::Recover;
+        if self.store.set_synced(true) {
+            self.observer.synced(self.resource(), true);
+        }
+        let report = std::mem::take(&mut self.report);
+        for waiter in self.waiting.drain(..) {
+            // A resync that gave up waiting no longer listens.
+            let _ = waiter.send(report.clone());
+        }
+        self.report_size();
+    }
+
+    /// The answer to the [`Step::Read`] of the first pending dispute.
+    pub fn on_read(&mut self, read: Result<LiveRead<T>, kube::Error>) {
+        let Some(dispute) = self.disputes.pop_front() else {
+            return;
+        };
+        let stamp = self
+            .read_stamp
+            .take()
+            .unwrap_or_else(|| self.store.read_stamp());
+        let key = dispute.listed.key();
+        match read {
+            Err(err) => {
+                // Unsettled: the cache keeps its copy; the next list asks again.
+                warn!(object = %key, error = %err, "could not read a disputed list item live; keeping the cached state");
+            }
+            Ok(read) => {
+                let resolution = self.store.write().resolve_dispute(dispute, read, &stamp);
+                match resolution {
+                    Resolution::Rewound => {
+                        info!(object = %key, "a live read confirms the list: the store went back in time");
+                        self.rewind_confirmed = true;
+                        self.disputes.clear();
+                    }
+                    Resolution::StillGone => {
+                        debug!(object = %key, "a known ghost is still in the API server's watch cache");
+                    }
+                    Resolution::Ghost(change) => {
+                        warn!(object = %key, "the API server's watch cache disagrees with etcd (a lost event); etcd's state kept");
+                        self.observer.ghost(self.resource());
+                        if let Some(change) = change {
+                            self.emit(change);
+                        }
+                    }
+                }
+            }
+        }
+        if !self.disputes.is_empty() {
+            return;
+        }
+        let after = self.after_disputes.take();
+        if std::mem::take(&mut self.rewind_confirmed) {
+            let list_rv = after.as_ref().map(|(rv, _)| rv.clone()).unwrap_or_default();
+            self.start_rewind(&list_rv, "a live read of a disputed item");
+            self.machine.request_relist(RestartReason::StoreRewound);
+            self.observer
+                .restart(self.resource(), RestartReason::StoreRewound);
+        } else if let Some((list_rv, mode)) = after {
+            self.after_list(&list_rv, mode);
+        }
+    }
+
+    /// Something asks for a relist. Returns whether a watch in progress must
+    /// end for it.
+    pub(super) fn on_request(&mut self, request: Request) -> bool {
+        let busy = self.list.is_some() || !self.disputes.is_empty() || self.machine.starts_list();
+        match request {
+            Request::Resync(reply) => {
+                self.waiting.push(reply);
+                if busy {
+                    // The list in progress answers it.
+                    return false;
+                }
+                if self.next_mode == ListMode::Recover {
+                    self.next_mode = ListMode::Resync;
+                }
+                self.relist(RestartReason::Resync)
+            }
+            Request::Relist(reason) => {
+                if busy {
+                    return false;
+                }
+                self.relist(reason)
+            }
+        }
+    }
+
+    fn relist(&mut self, reason: RestartReason) -> bool {
+        debug!(reason = reason.metric_label(), "relist requested");
+        self.machine.request_relist(reason);
+        self.observer.restart(self.resource(), reason);
+        true
+    }
+
+    fn emit_all(&self, changes: Vec<Change<T>>) {
+        for change in changes {
+            self.emit(change);
+        }
+        self.report_size();
+    }
+
+    pub(super) fn emit(&self, change: Change<T>) {
+        if let Change::DeletionCandidate(obj) = &change {
+            let source = self.store.read().tombstone(&obj.key()).map(|t| t.source);
+            if let Some(source) = source {
+                self.observer.deletion_candidate(self.resource(), source);
+            }
+        }
+        (self.sink)(&change);
+    }
+
+    pub(super) fn report_size(&self) {
+        let (live, tombstones) = {
+            let cache = self.store.read();
+            (cache.len(), cache.tombstone_count())
+        };
+        self.observer.cache_size(self.resource(), live, tombstones);
+    }
+}

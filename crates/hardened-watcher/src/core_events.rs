@@ -1,0 +1,153 @@
+//! How a [`WatchCore`] takes what a watch stream brings: its start and end,
+//! each line (events, bookmarks, ERRORs), and the drift an event explains or
+//! settles.
+
+use serde_json::value::RawValue;
+use tracing::{debug, warn};
+
+use super::core::WatchCore;
+use super::decode::{RawMeta, Undecodable, WatchLine, parse_watch_line};
+use super::error::ApiErrorKind;
+use super::object::{Cached, Outcome, WatchEventKind};
+use super::rv::{RvObservation, compare_rv};
+
+impl<T: Cached> WatchCore<T> {
+    /// The WATCH request itself failed.
+    pub fn on_watch_start_error(&mut self, err: &kube::Error) {
+        let reason = self
+            .machine
+            .on_watch_start_error(ApiErrorKind::classify(err));
+        warn!(error = %err, reason = reason.metric_label(), "watch start failed");
+        self.observer.restart(self.resource(), reason);
+    }
+
+    /// The WATCH request was accepted.
+    pub fn on_watch_started(&mut self) {
+        self.machine.on_watch_started();
+    }
+
+    /// The stream ended cleanly (the server's timeout).
+    pub fn on_stream_end(&mut self) {
+        let reason = self.machine.on_stream_end();
+        debug!(reason = reason.metric_label(), resume_rv = ?self.machine.resume_rv(), "watch ended");
+        self.observer.restart(self.resource(), reason);
+    }
+
+    /// The connection broke, or went silent.
+    pub fn on_connect_error(&mut self) {
+        let reason = self.machine.on_connect_error();
+        self.observer.restart(self.resource(), reason);
+    }
+
+    /// One line of the watch stream, its object decoded by `decode`. Returns
+    /// whether the watch must end (an ERROR: relist).
+    pub fn on_line(
+        &mut self,
+        line: &str,
+        decode: impl FnOnce(&RawValue) -> Result<T, Undecodable>,
+    ) -> bool {
+        match parse_watch_line(line) {
+            WatchLine::Object(kind, raw) => {
+                match decode(raw) {
+                    Ok(obj) => {
+                        self.on_event(kind, obj);
+                    }
+                    Err(bad) => {
+                        // Its RV still counts for the resume point: the event exists.
+                        if let Some(meta) = &bad.meta {
+                            self.observe_rv(&meta.resource_version);
+                        }
+                        self.undecodable(bad.meta.as_ref(), &bad.error);
+                    }
+                }
+                false
+            }
+            WatchLine::Bookmark(rv) => {
+                self.machine.on_bookmark(&rv);
+                self.store.write().note_bookmark(&rv);
+                self.settle_drift(&rv);
+                false
+            }
+            WatchLine::Error(status) | WatchLine::Status(status) => {
+                warn!(code = status.code, reason = %status.reason, message = %status.message, "watch ERROR event; relisting");
+                let reason = self
+                    .machine
+                    .on_watch_error_event(status.code, &status.reason);
+                self.observer.restart(self.resource(), reason);
+                true
+            }
+            // Neither a watch event nor a real Status.
+            WatchLine::Unrecognised(error) => {
+                self.undecodable(None, &error);
+                false
+            }
+            WatchLine::Truncated => false,
+        }
+    }
+
+    fn undecodable(&self, meta: Option<&RawMeta>, error: &str) {
+        let key = meta.map(|m| m.key.to_string());
+        warn!(object = ?key, error, "skipping undecodable object");
+        self.observer.undecodable(self.resource());
+    }
+
+    /// Feeds an event's RV to the resume point; returns whether it was opaque.
+    fn observe_rv(&mut self, rv: &str) -> bool {
+        let seen = self.machine.on_watch_event(rv);
+        match seen {
+            RvObservation::Regressed => {
+                debug!(rv, resume_rv = ?self.machine.resume_rv(), "event RV below resume point; resume point kept");
+                self.observer.rv_regression(self.resource());
+            }
+            RvObservation::Opaque => self.observer.opaque_rv(self.resource()),
+            RvObservation::Advanced | RvObservation::Same => {}
+        }
+        seen == RvObservation::Opaque
+    }
+
+    /// Applies one decoded ADDED / MODIFIED / DELETED event; returns what it
+    /// did to the cache.
+    pub fn on_event(&mut self, kind: WatchEventKind, obj: T) -> Outcome<T> {
+        let key = obj.key();
+        let rv = obj.resource_version().to_owned();
+        let opaque = self.observe_rv(&rv);
+        let (outcome, fell_back) = {
+            let mut cache = self.store.write();
+            let before = cache.opaque_rv_count();
+            let outcome = cache.apply_event(kind, obj);
+            (outcome, cache.opaque_rv_count() > before)
+        };
+        if fell_back && !opaque {
+            self.observer.opaque_rv(self.resource());
+        }
+        let replayed = self.replay_until.as_deref().is_some_and(|until| {
+            matches!(
+                compare_rv(&rv, until),
+                Some(std::cmp::Ordering::Less | std::cmp::Ordering::Equal)
+            )
+        });
+        if !replayed {
+            self.replay_until = None;
+        }
+        match &outcome {
+            Outcome::Applied(change) => {
+                self.emit(change.clone());
+                self.report_size();
+            }
+            Outcome::Stale(reason) if !replayed => {
+                debug!(object = %key, rv, ?kind, reason = reason.metric_label(), "stale event ignored");
+                self.observer.stale_ignored(self.resource(), *reason);
+            }
+            Outcome::Stale(_) | Outcome::Unchanged => {}
+        }
+        self.settle_drift(&rv);
+        outcome
+    }
+
+    fn settle_drift(&mut self, progress_rv: &str) {
+        let settled = self.store.write().settle_drift(progress_rv);
+        for kind in settled {
+            self.observer.drift(self.resource(), kind);
+        }
+    }
+}

@@ -1,0 +1,395 @@
+//! The async driver: performs the [`WatchCore`]'s steps against the API
+//! server and hands back what came of them. Every decision lives in the core
+//! (and its machine and cache); this file only does I/O and waiting.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{AsyncBufReadExt, Stream, StreamExt};
+use kube::api::{Api, WatchParams};
+use kube::runtime::watcher::DefaultBackoff;
+use serde::de::DeserializeOwned;
+use tokio::sync::{mpsc, watch};
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use super::core::{Sink, Step, WatchCore};
+use super::decode::decode_object;
+use super::error::WatchError;
+use super::list::{decode_page, fetch_page};
+use super::live;
+use super::machine::Action;
+use super::object::{Cached, LiveRead};
+use super::observer::WatchObserver;
+use super::store::{Request, Store};
+
+/// Tuning of one watcher.
+#[derive(Clone, Copy, Debug)]
+pub struct WatchConfig {
+    /// LIST page size.
+    pub page_limit: u32,
+    /// Server-side watch timeout; the server closes the stream after it and
+    /// we resume from the highest RV.
+    pub watch_timeout_secs: u32,
+}
+
+impl Default for WatchConfig {
+    fn default() -> Self {
+        Self {
+            page_limit: super::machine::DEFAULT_PAGE_LIMIT,
+            watch_timeout_secs: 290,
+        }
+    }
+}
+
+/// How long past the server-side watch timeout a silent stream is tolerated.
+const WATCH_GRACE_SECS: u64 = 30;
+
+/// Resolves once `shutdown` turns true. A dropped sender means nobody can ask
+/// us to stop any more: then it never resolves.
+pub async fn stopped(shutdown: &mut watch::Receiver<bool>) {
+    if shutdown.wait_for(|stop| *stop).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// One watcher: what it watches, how each object is cached, where the
+/// changes go. [`Watcher::run`] runs it.
+pub struct Watcher<K: kube::Resource, T: Cached, P> {
+    api: Api<K>,
+    dyntype: K::DynamicType,
+    project: P,
+    store: Store<T>,
+    sink: Sink<T>,
+    observer: Arc<dyn WatchObserver>,
+    config: WatchConfig,
+}
+
+/// Reports nothing: the observer of a [`Watcher`] not given one.
+struct Silent;
+
+impl WatchObserver for Silent {}
+
+impl<K, T, P> Watcher<K, T, P>
+where
+    K: kube::Resource + DeserializeOwned + Clone + Debug + Send + 'static,
+    K::DynamicType: Clone + Send + Sync + 'static,
+    T: Cached,
+    P: Fn(K) -> Option<T> + Send + Sync,
+{
+    /// A watcher of `api` (whose resource `dyntype` describes: `()` for
+    /// k8s-openapi types) that keeps `project(object)` in `store` and hands
+    /// every change to `sink`.
+    ///
+    /// `project` returning `None` means "cannot be represented" and is
+    /// counted as undecodable: do not use it to filter, since a filtered
+    /// object would neither appear nor ever look deleted.
+    pub fn new(
+        api: Api<K>,
+        dyntype: K::DynamicType,
+        project: P,
+        store: Store<T>,
+        sink: Sink<T>,
+    ) -> Self {
+        Self {
+            api,
+            dyntype,
+            project,
+            store,
+            sink,
+            observer: Arc::new(Silent),
+            config: WatchConfig::default(),
+        }
+    }
+
+    /// Where the watcher's counters go (default: nowhere).
+    pub fn observer(mut self, observer: Arc<dyn WatchObserver>) -> Self {
+        self.observer = observer;
+        self
+    }
+
+    /// Page size and watch timeout (default: [`WatchConfig::default`]).
+    pub fn config(mut self, config: WatchConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Runs until `shutdown` turns `true`. API failures never end it: they
+    /// relist, resume or back off. Fails only when the store already has a
+    /// watcher.
+    pub async fn run(self, shutdown: watch::Receiver<bool>) -> Result<(), WatchError> {
+        let resource = self.store.resource();
+        let requests = self
+            .store
+            .take_requests()
+            .ok_or(WatchError::AlreadyWatched { resource })?;
+        let core = WatchCore::new(
+            self.store,
+            self.sink,
+            self.observer,
+            self.config.page_limit,
+            Box::new(DefaultBackoff::default()),
+        );
+        let mut driver = Driver {
+            api: self.api,
+            dyntype: self.dyntype,
+            project: self.project,
+            core,
+            config: self.config,
+            requests,
+            shutdown,
+        };
+        driver
+            .run_loop()
+            .instrument(info_span!("watch", resource))
+            .await
+    }
+}
+
+struct Driver<K: kube::Resource, T: Cached, P> {
+    api: Api<K>,
+    /// What `K` is, for the URLs of live reads.
+    dyntype: K::DynamicType,
+    project: P,
+    core: WatchCore<T>,
+    config: WatchConfig,
+    requests: mpsc::UnboundedReceiver<Request>,
+    shutdown: watch::Receiver<bool>,
+}
+
+/// Whether the loop goes on.
+enum Flow {
+    Continue,
+    Stop,
+}
+
+impl<K, T, P> Driver<K, T, P>
+where
+    K: kube::Resource + DeserializeOwned + Clone + Debug + Send + 'static,
+    K::DynamicType: Clone + Send + Sync + 'static,
+    T: Cached,
+    P: Fn(K) -> Option<T> + Send + Sync,
+{
+    async fn run_loop(&mut self) -> Result<(), WatchError> {
+        let client = self.api.clone().into_client();
+        let request = kube::core::Request::new(self.api.resource_url());
+        info!("watcher starting");
+        loop {
+            if *self.shutdown.borrow() {
+                return Ok(());
+            }
+            let flow = match self.core.next_step() {
+                Step::Act(Action::Backoff(delay)) => self.backoff(delay).await,
+                Step::Act(Action::List {
+                    continue_token,
+                    limit,
+                }) => {
+                    self.list_page(&client, &request, limit, continue_token.as_deref())
+                        .await
+                }
+                Step::Act(Action::Watch { resource_version }) => {
+                    self.watch(&client, &request, &resource_version).await?
+                }
+                Step::Read { key } => {
+                    let read = tokio::select! {
+                        read = live::get::<K>(&client, &self.dyntype, &key) => read,
+                        () = stopped(&mut self.shutdown) => return Ok(()),
+                    };
+                    let project = &self.project;
+                    let read = read.and_then(|read| match read {
+                        LiveRead::Found(obj) => project(obj)
+                            .map(LiveRead::Found)
+                            .ok_or_else(|| unprojectable(&key)),
+                        LiveRead::Gone => Ok(LiveRead::Gone),
+                    });
+                    self.core.on_read(read);
+                    Flow::Continue
+                }
+            };
+            if let Flow::Stop = flow {
+                info!("watcher stopped");
+                return Ok(());
+            }
+        }
+    }
+
+    async fn backoff(&mut self, delay: Duration) -> Flow {
+        debug!(?delay, "backing off");
+        let deadline = tokio::time::Instant::now() + delay;
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep_until(deadline) => {
+                    self.core.on_backoff_elapsed();
+                    return Flow::Continue;
+                }
+                request = self.requests.recv() => {
+                    if let Some(request) = request
+                        && self.core.on_request(request)
+                    {
+                        return Flow::Continue;
+                    }
+                }
+                () = stopped(&mut self.shutdown) => return Flow::Stop,
+            }
+        }
+    }
+
+    async fn list_page(
+        &mut self,
+        client: &kube::Client,
+        request: &kube::core::Request,
+        limit: u32,
+        continue_token: Option<&str>,
+    ) -> Flow {
+        let page = tokio::select! {
+            page = fetch_page(client, request, limit, continue_token) => page,
+            () = stopped(&mut self.shutdown) => return Flow::Stop,
+        };
+        self.core
+            .on_list_page(page.and_then(|body| decode_page(&body, &self.project)));
+        Flow::Continue
+    }
+
+    async fn watch(
+        &mut self,
+        client: &kube::Client,
+        request: &kube::core::Request,
+        rv: &str,
+    ) -> Result<Flow, WatchError> {
+        let params = WatchParams {
+            // WatchParams::default() asks for bookmarks; say so anyway.
+            bookmarks: true,
+            ..WatchParams::default().timeout(self.config.watch_timeout_secs)
+        };
+        let resource = self.core.store().resource();
+        let mut req = request
+            .watch(&params, rv)
+            .map_err(|source| WatchError::Request { resource, source })?;
+        req.extensions_mut().insert("watch");
+        debug!(resource_version = rv, "watch starting");
+        let started = tokio::select! {
+            started = watch_lines(client, req) => started,
+            () = stopped(&mut self.shutdown) => return Ok(Flow::Stop),
+        };
+        let stream = match started {
+            Ok(stream) => stream,
+            Err(err) => {
+                self.core.on_watch_start_error(&err);
+                return Ok(Flow::Continue);
+            }
+        };
+        self.core.on_watch_started();
+        let idle_limit =
+            Duration::from_secs(u64::from(self.config.watch_timeout_secs) + WATCH_GRACE_SECS);
+        let mut stream = std::pin::pin!(stream);
+        loop {
+            let next = tokio::select! {
+                next = tokio::time::timeout(idle_limit, stream.next()) => next,
+                request = self.requests.recv() => {
+                    if let Some(request) = request
+                        && self.core.on_request(request)
+                    {
+                        return Ok(Flow::Continue);
+                    }
+                    continue;
+                }
+                () = stopped(&mut self.shutdown) => return Ok(Flow::Stop),
+            };
+            let Ok(next) = next else {
+                // The server should have closed the watch at its timeout: a
+                // silent connection is a dead one (half-open TCP, lost NAT).
+                warn!(?idle_limit, "watch silent past its timeout; reconnecting");
+                self.core.on_connect_error();
+                return Ok(Flow::Continue);
+            };
+            match next {
+                None => {
+                    self.core.on_stream_end();
+                    return Ok(Flow::Continue);
+                }
+                Some(Ok(line)) => {
+                    let project = &self.project;
+                    let ends = self
+                        .core
+                        .on_line(&line, |raw| decode_object::<K, T>(raw, project));
+                    if ends {
+                        return Ok(Flow::Continue);
+                    }
+                }
+                Some(Err(err)) => {
+                    warn!(error = %err, "watch stream broke");
+                    self.core.on_connect_error();
+                    return Ok(Flow::Continue);
+                }
+            }
+        }
+    }
+}
+
+/// A live read whose object the projection rejects: the dispute stays open.
+fn unprojectable(key: &super::object::ObjectKey) -> kube::Error {
+    kube::Error::Service(format!("{key}: the object read live could not be projected").into())
+}
+
+/// The lines of a WATCH response, framed and filtered as kube's
+/// `Client::request_events` does, but left undecoded: the driver splits each
+/// into its event type and raw object ([`parse_watch_line`]) instead of
+/// building a `WatchEvent<serde_json::Value>`.
+async fn watch_lines(
+    client: &kube::Client,
+    mut req: http::Request<Vec<u8>>,
+) -> Result<impl Stream<Item = Result<String, kube::Error>> + use<>, kube::Error> {
+    // As kube does: Kubernetes >= 1.37 gzips watch streams one member per
+    // event, which the decompression layer cannot read.
+    req.headers_mut()
+        .entry(http::header::ACCEPT_ENCODING)
+        .or_insert(http::HeaderValue::from_static("identity"));
+    let body = client.request_stream(req).await?;
+    Ok(body.lines().filter_map(|line| async move {
+        match line {
+            Ok(line) => Some(Ok(line)),
+            // Our client timeout, or an unexpected EOF from the chunked
+            // decoder or TLS (tends to happen after 300+ s): end the stream
+            // so that it is resumed.
+            Err(err) if err.kind() == std::io::ErrorKind::TimedOut => {
+                warn!(error = %err, "timeout in watch poll");
+                None
+            }
+            Err(err) if ends_like_eof(&err) => {
+                warn!(error = ?err, "eof in watch poll");
+                None
+            }
+            Err(err) => Some(Err(kube::Error::ReadEvents(err))),
+        }
+    }))
+}
+
+/// Whether a body read error is an unexpected EOF, however deeply nested
+/// (kube-client's own test for resumable watch ends).
+fn ends_like_eof(err: &std::io::Error) -> bool {
+    // HTTP and TLS stacks nest a handful of errors; stop on a cycle.
+    const MAX_SOURCE_DEPTH: usize = 16;
+    if err.kind() == std::io::ErrorKind::UnexpectedEof
+        || err.to_string().contains("unexpected EOF during chunk")
+    {
+        return true;
+    }
+    let mut current = err
+        .get_ref()
+        .map(|inner| inner as &(dyn std::error::Error + 'static));
+    for _ in 0..MAX_SOURCE_DEPTH {
+        let Some(err) = current else {
+            return false;
+        };
+        if let Some(io_err) = err.downcast_ref::<std::io::Error>()
+            && io_err.kind() == std::io::ErrorKind::UnexpectedEof
+        {
+            return true;
+        }
+        if err.to_string().contains("unexpected EOF during chunk") {
+            return true;
+        }
+        current = err.source();
+    }
+    false
+}

@@ -1,0 +1,188 @@
+//! Reads that reach etcd, and what "gone" means.
+//!
+//! A GET with resourceVersion unset is served from etcd (kube-apiserver v1.36,
+//! the storage delegator), unlike a LIST, which the watch cache answers once
+//! it has caught up: only a GET can disprove a ghost in the watch cache.
+//!
+//! "Gone" is decided here, not by a library: a 404 whose body is a `Status`
+//! with reason `NotFound` naming the very object asked for (its name, and the
+//! resource as `details.kind`, which is how kube-apiserver fills it). A 404
+//! from anything else — a proxy or load balancer answering in text, a Status
+//! for another object, a NotFound without details — is an error: retried and
+//! counted, and nothing is deleted on its word. (kube 5's `get_opt` requires
+//! reason NotFound today, but client-go's `IsNotFound` accepts any 404 with an
+//! unknown reason; a library that aligned would silently open the guard.)
+
+use std::fmt::Debug;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::core::params::GetParams;
+use kube::core::{PartialObjectMeta, Request};
+use serde::de::DeserializeOwned;
+
+pub use super::object::LiveRead;
+use super::object::ObjectKey;
+
+/// Whether `err` says the object `name` of `resource` (plural, e.g. "pods")
+/// does not exist.
+pub fn is_gone(err: &kube::Error, name: &str, resource: &str) -> bool {
+    let kube::Error::Api(status) = err else {
+        return false;
+    };
+    status.code == 404
+        && status.reason == "NotFound"
+        && status
+            .details
+            .as_ref()
+            .is_some_and(|d| d.name == name && d.kind == resource)
+}
+
+/// Classifies the answer to a GET of `name` of `resource`.
+pub fn classify<K>(
+    answer: Result<K, kube::Error>,
+    name: &str,
+    resource: &str,
+) -> Result<LiveRead<K>, kube::Error> {
+    match answer {
+        Ok(obj) => Ok(LiveRead::Found(obj)),
+        Err(err) if is_gone(&err, name, resource) => Ok(LiveRead::Gone),
+        Err(err) => Err(err),
+    }
+}
+
+/// GETs `key` of `K` (described by `dyntype`, `()` for k8s-openapi types)
+/// with resourceVersion unset: a read from etcd.
+pub async fn get<K>(
+    client: &kube::Client,
+    dyntype: &K::DynamicType,
+    key: &ObjectKey,
+) -> Result<LiveRead<K>, kube::Error>
+where
+    K: kube::Resource + DeserializeOwned + Clone + Debug,
+{
+    let namespace = (!key.namespace.is_empty()).then_some(key.namespace.as_str());
+    let request = Request::new(K::url_path(dyntype, namespace));
+    let mut req = request
+        .get(&key.name, &GetParams::default())
+        .map_err(kube::Error::BuildRequest)?;
+    req.extensions_mut().insert("get");
+    classify(
+        client.request::<K>(req).await,
+        &key.name,
+        &K::plural(dyntype),
+    )
+}
+
+/// GETs only the metadata of `key` of `K` (a read from etcd, but only
+/// metadata crosses the wire to us): enough to tell whether that incarnation
+/// still exists.
+pub async fn get_metadata<K>(
+    client: &kube::Client,
+    dyntype: &K::DynamicType,
+    key: &ObjectKey,
+) -> Result<LiveRead<ObjectMeta>, kube::Error>
+where
+    K: kube::Resource,
+{
+    let namespace = (!key.namespace.is_empty()).then_some(key.namespace.as_str());
+    let request = Request::new(K::url_path(dyntype, namespace));
+    let mut req = request
+        .get_metadata(&key.name, &GetParams::default())
+        .map_err(kube::Error::BuildRequest)?;
+    req.extensions_mut().insert("get_metadata");
+    let answer = client
+        .request::<PartialObjectMeta<K>>(req)
+        .await
+        .map(|partial| partial.metadata);
+    classify(answer, &key.name, &K::plural(dyntype))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::core::Status;
+
+    /// The error kube makes of an API answer with this Status.
+    fn api_error(code: u16, reason: &str, details: Option<(&str, &str)>) -> kube::Error {
+        let mut status = serde_json::json!({
+            "kind": "Status", "apiVersion": "v1", "status": "Failure",
+            "message": "msg", "reason": reason, "code": code,
+        });
+        if let Some((name, kind)) = details {
+            status["details"] = serde_json::json!({"name": name, "kind": kind});
+        }
+        match serde_json::from_value::<Status>(status) {
+            Ok(status) => kube::Error::Api(status.boxed()),
+            Err(err) => panic!("test Status: {err}"),
+        }
+    }
+
+    #[test]
+    fn gone_only_for_a_not_found_status_naming_the_object() {
+        let cases = [
+            (
+                "kube-apiserver's NotFound",
+                api_error(404, "NotFound", Some(("web", "services"))),
+                true,
+            ),
+            (
+                "a bare text 404 from a proxy (kube's reconstructed Status)",
+                api_error(404, "Failed to parse error data", None),
+                false,
+            ),
+            (
+                "NotFound without details",
+                api_error(404, "NotFound", None),
+                false,
+            ),
+            (
+                "NotFound for another object",
+                api_error(404, "NotFound", Some(("other", "services"))),
+                false,
+            ),
+            (
+                "NotFound for another resource (e.g. the namespace)",
+                api_error(404, "NotFound", Some(("web", "namespaces"))),
+                false,
+            ),
+            (
+                "a 404 with an empty reason",
+                api_error(404, "", Some(("web", "services"))),
+                false,
+            ),
+            (
+                "forbidden",
+                api_error(403, "Forbidden", Some(("web", "services"))),
+                false,
+            ),
+            (
+                "a NotFound reason on another code",
+                api_error(500, "NotFound", Some(("web", "services"))),
+                false,
+            ),
+        ];
+        for (case, err, want) in cases {
+            assert_eq!(is_gone(&err, "web", "services"), want, "{case}");
+        }
+        let transport = kube::Error::Service("connection reset".into());
+        assert!(!is_gone(&transport, "web", "services"), "transport error");
+    }
+
+    #[test]
+    fn classify_keeps_errors_that_are_not_gone() {
+        let found = classify(Ok(7), "web", "services");
+        assert!(matches!(found, Ok(LiveRead::Found(7))));
+        let gone = classify::<u8>(
+            Err(api_error(404, "NotFound", Some(("web", "services")))),
+            "web",
+            "services",
+        );
+        assert!(matches!(gone, Ok(LiveRead::Gone)));
+        let bare = classify::<u8>(
+            Err(api_error(404, "Failed to parse error data", None)),
+            "web",
+            "services",
+        );
+        assert!(bare.is_err());
+    }
+}

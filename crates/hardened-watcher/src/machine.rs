@@ -1,0 +1,497 @@
+//! The list/watch state machine: synchronous, no client, no clock, so every
+//! failure sequence can be scripted in a unit test. The async driver
+//! (`driver.rs`) only executes [`Machine::next_action`] and reports results.
+//!
+//! Rules (see `docs/watch-failures.md`):
+//! - LIST is consistent (resourceVersion unset, never "0") and paginated; its
+//!   pages are applied as they come ([`ListDiffBuilder`](super::list::ListDiffBuilder)).
+//! - WATCH starts from the list's RV; bookmarks and events advance the resume
+//!   point, which never goes backwards, except when a consistent list shows
+//!   the store itself was rewound ([`Machine::rewind_to`]).
+//! - After a resync list the watch resumes from where it was, so the events
+//!   the list overtook still arrive and tell lag from drift.
+//! - 410 Expired, ERROR 500 (PrevKv=nil) or any other ERROR event → relist.
+//! - A clean stream end → resume from the highest RV.
+//! - Connection errors → backoff with jitter, then resume.
+
+use std::time::Duration;
+
+use kube::runtime::utils::Backoff;
+use kube::runtime::watcher::DefaultBackoff;
+
+use super::error::ApiErrorKind;
+use super::rv::{ResumePoint, RvObservation};
+
+/// Default LIST page size.
+pub const DEFAULT_PAGE_LIMIT: u32 = 500;
+
+/// Where the machine is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Fetching list pages; `None` is the first page.
+    Listing {
+        /// `None` for the first page.
+        continue_token: Option<String>,
+    },
+    /// Watching (or about to) from `resume_rv`, the highest RV seen.
+    Watching {
+        /// The highest RV seen.
+        resume_rv: String,
+    },
+    /// A relist is due (the first page has not been fetched yet).
+    Relisting {
+        /// Why the relist.
+        reason: RestartReason,
+    },
+    /// Waiting `delay` before going on with `next`.
+    BackingOff {
+        /// How long to wait.
+        delay: Duration,
+        /// The phase after the wait.
+        next: Box<Phase>,
+    },
+}
+
+/// Why a list or watch was restarted. Bounded, for metric labels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RestartReason {
+    /// 410 Gone / Expired at watch start or mid-stream: RV compacted.
+    Expired,
+    /// ERROR event 500 (e.g. "etcd event received with PrevKv=nil").
+    WatchError500,
+    /// Any other ERROR event in the stream.
+    OtherWatchError,
+    /// The server closed the watch (its timeout): resume.
+    StreamEnded,
+    /// Connection failed or broke: backoff, then resume.
+    ConnectError,
+    /// A non-410 HTTP error when starting the watch.
+    WatchRejected,
+    /// A LIST page failed (not 410).
+    ListError,
+    /// A continue token expired mid-list: start the list over.
+    ContinueExpired,
+    /// The periodic resync asked for a consistent relist.
+    Resync,
+    /// A consistent list showed the store rewound: relist from it.
+    StoreRewound,
+    /// A live read was older than what the cache knew: relist to find out
+    /// whether the store was rewound.
+    RewindSuspected,
+}
+
+impl RestartReason {
+    /// Every variant (add new ones here too): the metrics export each at 0 from start-up.
+    pub const ALL: &[Self] = &[
+        Self::Expired,
+        Self::WatchError500,
+        Self::OtherWatchError,
+        Self::StreamEnded,
+        Self::ConnectError,
+        Self::WatchRejected,
+        Self::ListError,
+        Self::ContinueExpired,
+        Self::Resync,
+        Self::StoreRewound,
+        Self::RewindSuspected,
+    ];
+
+    /// The bounded label value of `watch_restarts_total{reason}`.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::Expired => "expired",
+            Self::WatchError500 => "watch_error_500",
+            Self::OtherWatchError => "watch_error_other",
+            Self::StreamEnded => "stream_ended",
+            Self::ConnectError => "connect_error",
+            Self::WatchRejected => "watch_rejected",
+            Self::ListError => "list_error",
+            Self::ContinueExpired => "continue_expired",
+            Self::Resync => "resync",
+            Self::StoreRewound => "store_rewound",
+            Self::RewindSuspected => "rewind_suspected",
+        }
+    }
+
+    /// Whether this restart needs a fresh consistent list.
+    pub fn relists(&self) -> bool {
+        !matches!(self, Self::StreamEnded | Self::ConnectError)
+    }
+}
+
+/// What the driver must do next.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// A consistent LIST page: resourceVersion unset (there is no field for
+    /// it on purpose), `continue_token` for pages after the first.
+    List {
+        /// `None` for the first page.
+        continue_token: Option<String>,
+        /// Page size.
+        limit: u32,
+    },
+    /// WATCH from `resource_version` with bookmarks.
+    Watch {
+        /// The RV to watch from.
+        resource_version: String,
+    },
+    /// Sleep, then call [`Machine::on_backoff_elapsed`].
+    Backoff(Duration),
+}
+
+/// Result of feeding a list page.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PageOutcome {
+    /// More pages to fetch.
+    More,
+    /// The last page: the list is complete at `list_rv`. The caller ends the
+    /// list and says where the watch starts: [`Machine::watch_from_list`],
+    /// [`Machine::resume_after_list`] or [`Machine::rewind_to`].
+    Complete {
+        /// The RV of the whole list (its first page's).
+        list_rv: String,
+    },
+    /// The page had no resourceVersion: discarded, backing off to relist.
+    Invalid,
+}
+
+/// The list/watch state machine.
+pub struct Machine {
+    phase: Phase,
+    resume: ResumePoint,
+    page_limit: u32,
+    backoff: Box<dyn Backoff>,
+    /// The RV of the list being fetched (its first page's).
+    list_rv: Option<String>,
+    /// Events seen in the current watch connection.
+    events_this_watch: u64,
+    /// Consecutive relists without a successful list + event in between,
+    /// to stop a server that errors right away from making us relist in a
+    /// hot loop.
+    relists_without_progress: u32,
+}
+
+impl std::fmt::Debug for Machine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Machine")
+            .field("phase", &self.phase)
+            .field("resume", &self.resume.get())
+            .finish()
+    }
+}
+
+impl Default for Machine {
+    fn default() -> Self {
+        Self::new(DEFAULT_PAGE_LIMIT, Box::new(DefaultBackoff::default()))
+    }
+}
+
+impl Machine {
+    /// A machine that starts with a consistent list.
+    pub fn new(page_limit: u32, backoff: Box<dyn Backoff>) -> Self {
+        Self {
+            phase: Phase::Listing {
+                continue_token: None,
+            },
+            resume: ResumePoint::default(),
+            page_limit: page_limit.max(1),
+            backoff,
+            list_rv: None,
+            events_this_watch: 0,
+            relists_without_progress: 0,
+        }
+    }
+
+    /// Where the machine is.
+    pub fn phase(&self) -> &Phase {
+        &self.phase
+    }
+
+    /// The highest RV seen (the point a watch resumes from).
+    pub fn resume_rv(&self) -> Option<&str> {
+        self.resume.get()
+    }
+
+    /// What the driver must do next.
+    pub fn next_action(&self) -> Action {
+        action_for(&self.phase, self.page_limit)
+    }
+
+    /// Whether the next action starts a new list (its first page).
+    pub fn starts_list(&self) -> bool {
+        matches!(
+            self.phase,
+            Phase::Listing {
+                continue_token: None
+            } | Phase::Relisting { .. }
+        )
+    }
+
+    /// A LIST page arrived (`list_rv` is its metadata.resourceVersion; its
+    /// items are the caller's business).
+    pub fn on_list_page(&mut self, continue_token: Option<String>, list_rv: &str) -> PageOutcome {
+        if list_rv.is_empty() {
+            self.reset_list();
+            self.back_off_then(Phase::Relisting {
+                reason: RestartReason::ListError,
+            });
+            return PageOutcome::Invalid;
+        }
+        // All pages of one list share the snapshot of the first.
+        if self.list_rv.is_none() {
+            self.list_rv = Some(list_rv.to_owned());
+        }
+        match continue_token.filter(|token| !token.is_empty()) {
+            Some(token) => {
+                self.phase = Phase::Listing {
+                    continue_token: Some(token),
+                };
+                PageOutcome::More
+            }
+            None => {
+                let list_rv = self.list_rv.take().unwrap_or_else(|| list_rv.to_owned());
+                self.backoff.reset();
+                PageOutcome::Complete { list_rv }
+            }
+        }
+    }
+
+    /// After a first list or a relist: watch from the list's RV (or from a
+    /// higher RV already seen).
+    pub fn watch_from_list(&mut self, list_rv: &str) {
+        self.resume.observe(list_rv);
+        self.start_watching();
+    }
+
+    /// After a resync list: resume the watch where it was, so that the events
+    /// the list overtook still arrive (they tell watch lag from drift).
+    pub fn resume_after_list(&mut self) {
+        self.start_watching();
+    }
+
+    /// After a list that found the store rewound: the resume point goes back
+    /// to the list's RV, the only point the store can serve from.
+    pub fn rewind_to(&mut self, list_rv: &str) {
+        self.resume = ResumePoint::at(list_rv);
+        self.start_watching();
+    }
+
+    fn start_watching(&mut self) {
+        self.phase = match self.resume.get() {
+            Some(rv) => Phase::Watching {
+                resume_rv: rv.to_owned(),
+            },
+            None => Phase::Relisting {
+                reason: RestartReason::ListError,
+            },
+        };
+        self.events_this_watch = 0;
+    }
+
+    /// A LIST page failed. Returns the restart reason.
+    pub fn on_list_error(&mut self, err: ApiErrorKind) -> RestartReason {
+        let mid_list = matches!(
+            self.phase,
+            Phase::Listing {
+                continue_token: Some(_)
+            }
+        );
+        self.reset_list();
+        match err {
+            // The continue token's snapshot was compacted: start over from
+            // scratch, at once (the server is healthy).
+            ApiErrorKind::Expired if mid_list => {
+                self.phase = Phase::Relisting {
+                    reason: RestartReason::ContinueExpired,
+                };
+                RestartReason::ContinueExpired
+            }
+            ApiErrorKind::Connect => {
+                self.back_off_then(Phase::Relisting {
+                    reason: RestartReason::ConnectError,
+                });
+                RestartReason::ConnectError
+            }
+            _ => {
+                self.back_off_then(Phase::Relisting {
+                    reason: RestartReason::ListError,
+                });
+                RestartReason::ListError
+            }
+        }
+    }
+
+    /// The watch request was accepted (HTTP 200).
+    pub fn on_watch_started(&mut self) {
+        self.events_this_watch = 0;
+    }
+
+    /// An ADDED/MODIFIED/DELETED event with object RV `rv` (also for
+    /// undecodable objects whose RV could be read).
+    pub fn on_watch_event(&mut self, rv: &str) -> RvObservation {
+        self.observe(rv)
+    }
+
+    /// A BOOKMARK: advances the resume point without an object.
+    pub fn on_bookmark(&mut self, rv: &str) -> RvObservation {
+        self.observe(rv)
+    }
+
+    fn observe(&mut self, rv: &str) -> RvObservation {
+        if self.events_this_watch == 0 {
+            // The connection works again: the next failure starts small.
+            self.backoff.reset();
+        }
+        self.events_this_watch += 1;
+        self.relists_without_progress = 0;
+        let seen = self.resume.observe(rv);
+        if let (Phase::Watching { resume_rv }, Some(highest)) = (&mut self.phase, self.resume.get())
+            && resume_rv != highest
+        {
+            *resume_rv = highest.to_owned();
+        }
+        seen
+    }
+
+    /// An ERROR event in the stream (`code`, `reason` from its Status):
+    /// always a relist, never a resume.
+    pub fn on_watch_error_event(&mut self, code: u16, reason: &str) -> RestartReason {
+        let why = match ApiErrorKind::from_status(code, reason) {
+            ApiErrorKind::Expired => RestartReason::Expired,
+            _ if code == 500 => RestartReason::WatchError500,
+            _ => RestartReason::OtherWatchError,
+        };
+        self.relist(why);
+        why
+    }
+
+    /// The WATCH request itself failed.
+    pub fn on_watch_start_error(&mut self, err: ApiErrorKind) -> RestartReason {
+        match err {
+            ApiErrorKind::Expired => {
+                self.relist(RestartReason::Expired);
+                RestartReason::Expired
+            }
+            // Server unreachable, restarting or throttling: what we have is
+            // still valid, resume after a pause.
+            ApiErrorKind::Connect | ApiErrorKind::Transient(_) => {
+                self.back_off_then(self.watching());
+                RestartReason::ConnectError
+            }
+            ApiErrorKind::Rejected(_) | ApiErrorKind::Decode => {
+                self.back_off_then(Phase::Relisting {
+                    reason: RestartReason::WatchRejected,
+                });
+                RestartReason::WatchRejected
+            }
+        }
+    }
+
+    /// The connection broke mid-stream (I/O error, reset).
+    pub fn on_connect_error(&mut self) -> RestartReason {
+        match self.phase {
+            Phase::Watching { .. } => self.back_off_then(self.watching()),
+            _ => {
+                self.reset_list();
+                self.back_off_then(Phase::Relisting {
+                    reason: RestartReason::ConnectError,
+                });
+            }
+        }
+        RestartReason::ConnectError
+    }
+
+    /// The server closed the stream cleanly: resume from the highest RV. If
+    /// the stream ended without a single event, pause first so a proxy that
+    /// closes at once cannot make us spin.
+    pub fn on_stream_end(&mut self) -> RestartReason {
+        let next = self.watching();
+        if self.events_this_watch == 0 {
+            self.back_off_then(next);
+        } else {
+            self.phase = next;
+        }
+        self.events_this_watch = 0;
+        RestartReason::StreamEnded
+    }
+
+    /// The backoff is over: go on with the phase that waited.
+    pub fn on_backoff_elapsed(&mut self) {
+        let phase = std::mem::replace(
+            &mut self.phase,
+            Phase::Listing {
+                continue_token: None,
+            },
+        );
+        self.phase = match phase {
+            Phase::BackingOff { next, .. } => *next,
+            other => other,
+        };
+    }
+
+    /// Relists now, whatever the phase (a resync, or a rewound store).
+    pub fn request_relist(&mut self, why: RestartReason) {
+        self.reset_list();
+        self.events_this_watch = 0;
+        self.phase = Phase::Relisting { reason: why };
+    }
+
+    fn relist(&mut self, why: RestartReason) {
+        self.reset_list();
+        self.events_this_watch = 0;
+        self.relists_without_progress += 1;
+        let next = Phase::Relisting { reason: why };
+        // 410 is the normal compaction path: relist at once. Repeated errors
+        // with no progress in between back off.
+        if self.relists_without_progress > 1 {
+            self.back_off_then(next);
+        } else {
+            self.phase = next;
+        }
+    }
+
+    fn watching(&self) -> Phase {
+        match (&self.phase, self.resume.get()) {
+            (_, Some(rv)) => Phase::Watching {
+                resume_rv: rv.to_owned(),
+            },
+            (Phase::Watching { resume_rv }, None) => Phase::Watching {
+                resume_rv: resume_rv.clone(),
+            },
+            // Never watched: nothing to resume from, list first.
+            (_, None) => Phase::Relisting {
+                reason: RestartReason::ConnectError,
+            },
+        }
+    }
+
+    fn back_off_then(&mut self, next: Phase) {
+        // DefaultBackoff never ends; a custom one that does caps at 30 s.
+        let delay = self.backoff.next().unwrap_or(Duration::from_secs(30));
+        self.phase = Phase::BackingOff {
+            delay,
+            next: Box::new(next),
+        };
+    }
+
+    fn reset_list(&mut self) {
+        self.list_rv = None;
+    }
+}
+
+fn action_for(phase: &Phase, limit: u32) -> Action {
+    match phase {
+        Phase::Listing { continue_token } => Action::List {
+            continue_token: continue_token.clone(),
+            limit,
+        },
+        Phase::Relisting { .. } => Action::List {
+            continue_token: None,
+            limit,
+        },
+        Phase::Watching { resume_rv } => Action::Watch {
+            resource_version: resume_rv.clone(),
+        },
+        Phase::BackingOff { delay, .. } => Action::Backoff(*delay),
+    }
+}

@@ -1,0 +1,384 @@
+//! The reconcile of one Service key for the EndpointSlice controller: observe
+//! the caches, compute the desired slices and the plan that reaches them, pass
+//! every removal through the guard, then write only what the plan holds.
+//!
+//! What the guard covers here, as for Endpoints: slices are deleted for a
+//! Service missing from the cache only after a live read shows it gone; an
+//! endpoint whose pod left the cache through a watch DELETE stays until a
+//! live read confirms that pod is gone; and the endpoints of pods on a Node
+//! the cache lacks stay when a live read finds the Node (upstream drops them
+//! on its cache's word).
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::Api;
+use kube::api::{DeleteParams, PostParams, Preconditions};
+use tracing::{debug, info, warn};
+
+use super::guard::{self, ServiceLookup};
+use super::objects::{CachedService, CachedSlice, slice_pod_refs};
+use super::sync::{self, Verb};
+use super::{Context, handlers};
+use crate::config::{Controller, Mode};
+use crate::desired::slices::{
+    self, DesiredSlices, HintMode, NodeInfo, PlanOptions, SlicePlan, UPSTREAM_SLICE_MANAGER,
+    ZoneCapacity,
+};
+use crate::desired::{self, PodInfo};
+use crate::error::{Error, Result, api_code};
+use hardened_watcher::{Cached, LiveRead, ObjectKey, ReadStamp, live};
+
+const CONTROLLER: Controller = Controller::Endpointslices;
+
+pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<()> {
+    let existing = handlers::slices_of(ctx, key);
+    let service = match ctx.stores.services.get(key) {
+        Some(svc) => svc,
+        None if existing.is_empty() => {
+            ctx.slices.trigger_times.forget(key);
+            sync::release_service_tombstone(ctx, key);
+            return Ok(());
+        }
+        None => match guard::lookup_service(ctx, CONTROLLER, key).await? {
+            ServiceLookup::Gone => return delete_all(ctx, key, &existing).await,
+            ServiceLookup::Exists(svc) => svc,
+        },
+    };
+    // ExternalName and selector-less Services get no slices from a
+    // controller; what they have belongs to users (or the mirroring controller).
+    let Some(selector) = desired::managed_selector(&service) else {
+        return Ok(());
+    };
+    let current: Vec<EndpointSlice> = existing.iter().map(|s| s.decode()).collect::<Result<_>>()?;
+    let mut pods = sync::selected_pods(ctx, &key.namespace, selector);
+    guard::hold_unconfirmed_pod_deletions(
+        ctx,
+        CONTROLLER,
+        &key.namespace,
+        current.iter().flat_map(slice_pod_refs),
+        selector,
+        &mut pods,
+    )
+    .await?;
+    let pod_refs: Vec<&PodInfo> = pods.iter().map(AsRef::as_ref).collect();
+    let manager = compare_as(ctx, &current);
+    let Some(mut wanted) = desire(ctx, &service, &pod_refs, manager) else {
+        return Ok(());
+    };
+    let unknown_at_stake = nodes_at_stake(&wanted, &pod_refs, &current);
+    if !unknown_at_stake.is_empty()
+        && guard::hold_unconfirmed_nodes(ctx, &unknown_at_stake).await? > 0
+    {
+        match desire(ctx, &service, &pod_refs, manager) {
+            Some(again) => wanted = again,
+            None => return Ok(()),
+        }
+    }
+    let zones = if wanted.hints == HintMode::Auto {
+        ZoneCapacity::from_nodes(ctx.stores.nodes.read().iter().map(|n| &n.info))
+    } else {
+        ZoneCapacity::default()
+    };
+    let created = service.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    let trigger = ctx.slices.trigger_times.compute(key, created, &pod_refs);
+    let options = PlanOptions {
+        max_endpoints_per_slice: ctx.max_endpoints_per_slice,
+        trigger_time: trigger,
+    };
+    let plan = slices::plan_slices(&wanted, &current, &zones, &options);
+    if !plan.is_empty() {
+        apply(ctx, key, &current, &wanted, plan).await?;
+    }
+    // As upstream: what could be written was; the Service comes back with
+    // backoff until its pods' Nodes are known.
+    if !wanted.pods_on_unknown_nodes.is_empty() {
+        return Err(Error::UnknownNodes {
+            service: key.to_string(),
+            pods: wanted.pods_on_unknown_nodes.len(),
+        });
+    }
+    Ok(())
+}
+
+/// The desired slices, with the Nodes of the pods looked up in the cache.
+fn desire(
+    ctx: &Context,
+    service: &CachedService,
+    pods: &[&PodInfo],
+    manager: &str,
+) -> Option<DesiredSlices> {
+    let nodes: HashMap<String, NodeInfo> = {
+        let cache = ctx.stores.nodes.read();
+        pods.iter()
+            .filter_map(|p| p.node_name())
+            .filter_map(|name| cache.get(&ObjectKey::new("", name)))
+            .map(|node| (node.info.name.clone(), node.info.clone()))
+            .collect()
+    };
+    slices::desired_slices(service, pods, &nodes, manager)
+}
+
+/// The Nodes, unknown to the cache, of pods whose endpoints the current
+/// slices hold: leaving those pods out would remove endpoints on the cache's
+/// word, so the Nodes are read live first.
+fn nodes_at_stake(
+    wanted: &DesiredSlices,
+    pods: &[&PodInfo],
+    current: &[EndpointSlice],
+) -> Vec<String> {
+    if wanted.pods_on_unknown_nodes.is_empty() {
+        return Vec::new();
+    }
+    let published: BTreeSet<&str> = current
+        .iter()
+        .flat_map(slice_pod_refs)
+        .filter_map(|r| r.name.as_deref())
+        .collect();
+    let unknown: BTreeSet<&str> = wanted
+        .pods_on_unknown_nodes
+        .iter()
+        .map(String::as_str)
+        .collect();
+    let nodes: BTreeSet<String> = pods
+        .iter()
+        .filter(|p| unknown.contains(p.name()) && published.contains(p.name()))
+        .filter_map(|p| p.node_name())
+        .filter(|n| !n.is_empty())
+        .map(str::to_owned)
+        .collect();
+    nodes.into_iter().collect()
+}
+
+/// The managed-by value to plan with. In audit mode beside the upstream
+/// controller its slices differ from ours only by that label; planning with
+/// it makes identical slices an empty plan, so only real differences count.
+fn compare_as(ctx: &Context, current: &[EndpointSlice]) -> &'static str {
+    let upstream_wrote = current.iter().any(|s| {
+        s.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(slices::LABEL_SLICE_MANAGED_BY))
+            .is_some_and(|m| m == UPSTREAM_SLICE_MANAGER)
+    });
+    if ctx.mode == Mode::Audit && upstream_wrote {
+        UPSTREAM_SLICE_MANAGER
+    } else {
+        desired::MANAGER
+    }
+}
+
+/// Counts a planned write in audit mode; `true` when the write may go ahead.
+fn may_write(ctx: &Context, key: &ObjectKey, plan: &SlicePlan) -> bool {
+    if ctx.mode == Mode::Audit {
+        for (verb, count) in [
+            (Verb::Create, plan.creates.len()),
+            (Verb::Update, plan.updates.len()),
+            (Verb::Delete, plan.deletes.len()),
+        ] {
+            ctx.metrics
+                .audit_divergences
+                .with_label_values(&[CONTROLLER.metric_label(), verb.as_str()])
+                .inc_by(count as u64);
+        }
+        info!(
+            %key,
+            creates = plan.creates.len(),
+            updates = plan.updates.len(),
+            deletes = plan.deletes.len(),
+            "audit: EndpointSlices differ from what the Service and pods call for"
+        );
+        return false;
+    }
+    if !ctx.writes_allowed() {
+        debug!(%key, "not the leader (any more): not writing EndpointSlices");
+        return false;
+    }
+    true
+}
+
+/// Creates first, then updates, then deletes, as upstream orders them: the
+/// Service is never left with fewer endpoints than before in between.
+async fn apply(
+    ctx: &Context,
+    key: &ObjectKey,
+    current: &[EndpointSlice],
+    wanted: &DesiredSlices,
+    plan: SlicePlan,
+) -> Result<()> {
+    if !may_write(ctx, key, &plan) {
+        return Ok(());
+    }
+    let api: Api<EndpointSlice> = Api::namespaced(ctx.client.clone(), &key.namespace);
+    for slice in &plan.creates {
+        let stamp = ctx.stores.slices.read_stamp();
+        match api.create(&PostParams::default(), slice).await {
+            Ok(written) => {
+                count_write(ctx, Verb::Create);
+                remember(ctx, written, &stamp);
+            }
+            Err(err) if sync::is_namespace_terminating(&err) => {
+                debug!(%key, "namespace is terminating; not creating EndpointSlices");
+                return Ok(());
+            }
+            Err(err) => return Err(failed(ctx, key, Verb::Create, err).await),
+        }
+    }
+    for slice in &plan.updates {
+        let name = slice.metadata.name.clone().unwrap_or_default();
+        let stamp = ctx.stores.slices.read_stamp();
+        match api.replace(&name, &PostParams::default(), slice).await {
+            Ok(written) => {
+                count_write(ctx, Verb::Update);
+                remember(ctx, written, &stamp);
+            }
+            Err(err) => return Err(conflict_or_gone(ctx, key, &name, Verb::Update, err).await),
+        }
+    }
+    for slice in &plan.deletes {
+        delete_one(ctx, &api, key, slice).await?;
+    }
+    release_dropped(ctx, key, current, wanted);
+    Ok(())
+}
+
+/// Pods the current slices named that the desired ones do not: their
+/// tombstones, if nothing else of ours names them, go (as for Endpoints).
+fn release_dropped(
+    ctx: &Context,
+    key: &ObjectKey,
+    current: &[EndpointSlice],
+    wanted: &DesiredSlices,
+) {
+    let kept: Vec<&ObjectReference> = wanted
+        .address_types
+        .iter()
+        .flat_map(|a| &a.groups)
+        .flat_map(|g| &g.endpoints)
+        .filter_map(|e| e.target_ref.as_ref())
+        .collect();
+    let dropped = sync::dropped_pods(current.iter().flat_map(slice_pod_refs), kept.into_iter());
+    sync::release_dropped_pods(ctx, &key.namespace, dropped);
+}
+
+/// Deletes every slice of ours for a Service a live read showed gone. Each
+/// delete carries the UID and resourceVersion read, so a slice changed or
+/// re-created since is not deleted.
+async fn delete_all(ctx: &Context, key: &ObjectKey, existing: &[Arc<CachedSlice>]) -> Result<()> {
+    let plan = SlicePlan {
+        deletes: existing.iter().map(|s| s.decode()).collect::<Result<_>>()?,
+        ..SlicePlan::default()
+    };
+    if !may_write(ctx, key, &plan) {
+        return Ok(());
+    }
+    let api: Api<EndpointSlice> = Api::namespaced(ctx.client.clone(), &key.namespace);
+    for slice in &plan.deletes {
+        delete_one(ctx, &api, key, slice).await?;
+    }
+    info!(%key, slices = plan.deletes.len(), "deleted EndpointSlices of a Service confirmed gone");
+    ctx.slices.trigger_times.forget(key);
+    Ok(())
+}
+
+async fn delete_one(
+    ctx: &Context,
+    api: &Api<EndpointSlice>,
+    key: &ObjectKey,
+    slice: &EndpointSlice,
+) -> Result<()> {
+    let name = slice.metadata.name.clone().unwrap_or_default();
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: slice.metadata.uid.clone(),
+            resource_version: slice.metadata.resource_version.clone(),
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(&name, &params).await {
+        Ok(_) => {
+            count_write(ctx, Verb::Delete);
+            Ok(())
+        }
+        Err(err) if live::is_gone(&err, &name, "endpointslices") => Ok(()),
+        Err(err) => Err(conflict_or_gone(ctx, key, &name, Verb::Delete, err).await),
+    }
+}
+
+fn count_write(ctx: &Context, verb: Verb) {
+    ctx.metrics
+        .endpointslice_writes
+        .with_label_values(&[verb.as_str()])
+        .inc();
+}
+
+/// The error of a failed update or delete of slice `name`, after repairing
+/// the cache: a conflict reads the slice live so the retry starts from fresh
+/// state; a slice found gone (a DELETE the watch never delivered) leaves the
+/// cache, and the retry plans without it.
+async fn conflict_or_gone(
+    ctx: &Context,
+    key: &ObjectKey,
+    name: &str,
+    verb: Verb,
+    err: kube::Error,
+) -> Error {
+    let slice_key = ObjectKey::new(key.namespace.as_str(), name);
+    if api_code(&err) == Some(409) {
+        if let Err(read) = refresh(ctx, &slice_key).await {
+            return read;
+        }
+        warn!(%key, slice = name, %verb, "EndpointSlice changed since read; will look again");
+        return Error::kube("writing an EndpointSlice", slice_key.to_string(), err);
+    }
+    if live::is_gone(&err, name, "endpointslices") {
+        if let Some(cached) = ctx.stores.slices.get(&slice_key) {
+            ctx.stores.slices.evict_ghost(&slice_key, cached.uid());
+        }
+        warn!(%key, slice = name, "the EndpointSlice to update was gone; planning again");
+        return Error::kube("writing an EndpointSlice", slice_key.to_string(), err);
+    }
+    failed(ctx, key, verb, err).await
+}
+
+/// A write the API refused: a Warning Event on the Service, as upstream's
+/// `FailedToUpdateEndpointSlices`, and the error.
+async fn failed(ctx: &Context, key: &ObjectKey, verb: Verb, err: kube::Error) -> Error {
+    guard::warn_event(
+        ctx,
+        key,
+        "FailedToUpdateEndpointSlices",
+        &format!("Error updating Endpoint Slices for Service {key} ({verb}): {err}"),
+    )
+    .await;
+    Error::kube("writing an EndpointSlice", key.to_string(), err)
+}
+
+async fn refresh(ctx: &Context, slice_key: &ObjectKey) -> Result<()> {
+    let stamp = ctx.stores.slices.read_stamp();
+    match live::get::<EndpointSlice>(&ctx.client, &(), slice_key).await {
+        Ok(LiveRead::Found(slice)) => {
+            remember(ctx, slice, &stamp);
+            Ok(())
+        }
+        Ok(LiveRead::Gone) => Ok(()),
+        Err(err) => Err(Error::kube(
+            "reading an EndpointSlice after a conflict",
+            slice_key.to_string(),
+            err,
+        )),
+    }
+}
+
+/// Puts a slice just written or read live into the cache (`stamp` taken
+/// before the request), so the next reconcile plans against it.
+fn remember(ctx: &Context, slice: EndpointSlice, stamp: &ReadStamp) {
+    match CachedSlice::new(slice) {
+        Some(cached) => {
+            ctx.stores.slices.restore(cached, stamp);
+        }
+        None => warn!("an EndpointSlice could not be encoded for the cache; waiting for the watch"),
+    }
+}

@@ -1,0 +1,105 @@
+//! Test fixtures for the reconcile: a [`Context`] over any client (a scripted
+//! peer, or nowhere), and small objects.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Endpoints, Service};
+use kube::runtime::events::{Recorder, Reporter};
+use serde_json::json;
+
+use super::{Context, Stores, Work};
+use crate::config::Mode;
+use crate::desired::{PodFields, PodInfo};
+use crate::metrics::Metrics;
+
+/// A context whose client talks to `client`'s server, in enforce mode, leading.
+pub fn context_with(client: kube::Client) -> Context {
+    Context {
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "test".into(),
+                instance: None,
+            },
+        ),
+        client,
+        metrics: Arc::new(Metrics::new().unwrap_or_else(|err| panic!("metrics: {err}"))),
+        mode: Mode::Enforce,
+        stores: Stores::new(),
+        endpoints: Work::new(super::queue::MAX_RETRIES),
+        slices: Work::new(super::queue::MAX_RETRIES),
+        max_endpoints_per_slice: crate::desired::slices::DEFAULT_MAX_ENDPOINTS_PER_SLICE,
+        leader: tokio::sync::watch::channel(true).1,
+    }
+}
+
+/// A scripted peer answering `replies` in order (Event posts aside: those
+/// always get `{}`), and a context whose requests to it time out after a
+/// second.
+pub async fn scripted(
+    replies: Vec<hardened_watcher::testing::Reply>,
+) -> (hardened_watcher::testing::ScriptedApi, Context) {
+    use hardened_watcher::testing::{Reply, ScriptedApi};
+    let peer = ScriptedApi::start(replies)
+        .await
+        .unwrap_or_else(|err| panic!("scripted peer: {err}"));
+    peer.route("POST", "/apis/events.k8s.io", Reply::Body("{}".into()));
+    let ctx = context_with(peer.client(std::time::Duration::from_secs(1)));
+    (peer, ctx)
+}
+
+/// A context whose client points nowhere: for code that never calls the API.
+pub fn context() -> Context {
+    let config = kube::Config::new(
+        "http://127.0.0.1:9"
+            .parse()
+            .unwrap_or_else(|err| panic!("uri: {err}")),
+    );
+    context_with(kube::Client::try_from(config).unwrap_or_else(|err| panic!("client: {err}")))
+}
+
+/// Service `name` of `ns` selecting `app: <app>`, port 80 → 8080.
+pub fn service(ns: &str, name: &str, app: &str) -> Service {
+    serde_json::from_value(json!({
+        "metadata": {"namespace": ns, "name": name, "uid": format!("{name}-uid"), "resourceVersion": "1"},
+        "spec": {"selector": {"app": app}, "clusterIP": "10.96.0.10", "ipFamilies": ["IPv4"],
+                 "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]},
+    }))
+    .unwrap_or_else(|err| panic!("service: {err}"))
+}
+
+/// Ready pod `name` of `ns` labelled `app: <app>` at `ip`, on node `n1`.
+pub fn pod(ns: &str, name: &str, app: &str, ip: &str, rv: &str) -> PodInfo {
+    PodFields {
+        namespace: ns.into(),
+        name: name.into(),
+        uid: format!("{name}-uid"),
+        resource_version: rv.into(),
+        labels: BTreeMap::from([("app".to_string(), app.to_string())]),
+        pod_ips: vec![ip.into()],
+        phase: Some("Running".into()),
+        ready: true,
+        node_name: Some("n1".into()),
+        ..PodFields::default()
+    }
+    .pack()
+}
+
+/// Endpoints `name` of `ns`, managed by us, with one ready address per
+/// (pod name, ip), port 8080.
+pub fn endpoints(ns: &str, name: &str, addresses: &[(&str, &str)]) -> Endpoints {
+    let addresses: Vec<_> = addresses
+        .iter()
+        .map(|(pod, ip)| {
+            json!({"ip": ip, "nodeName": "n1",
+                   "targetRef": {"kind": "Pod", "namespace": ns, "name": pod, "uid": format!("{pod}-uid")}})
+        })
+        .collect();
+    serde_json::from_value(json!({
+        "metadata": {"namespace": ns, "name": name, "uid": format!("{name}-ep-uid"), "resourceVersion": "5",
+                     "labels": {"endpoints.kubernetes.io/managed-by": "endpoints-guard"}},
+        "subsets": [{"addresses": addresses, "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]}],
+    }))
+    .unwrap_or_else(|err| panic!("endpoints: {err}"))
+}

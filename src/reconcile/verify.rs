@@ -1,0 +1,309 @@
+//! The ghost scan: reads that reach etcd, on a fixed request budget, for what
+//! the API server's watch cache may hold wrongly.
+//!
+//! When kube-apiserver's watch cache loses a DELETE (etcd issues 18089 and
+//! 19179, kubernetes 123072), every watch and every LIST keeps the object,
+//! because since v1.34 a consistent LIST is served from that same cache. The
+//! periodic resync cannot see such a ghost; only a GET reaches etcd. So every
+//! pod an address of our Endpoints or an endpoint of our slices points at,
+//! and every Service that has either, is read by GET in turn,
+//! `--ghost-scan-qps` reads a second.
+//!
+//! A ghost is declared on two reads, `RECHECK_AFTER` apart, that both find
+//! the object gone while the cache still holds the same incarnation: a
+//! DELETE merely in flight on the watch arrives long before the second read.
+//! It then leaves the cache as confirmed gone, its Services are queued, and
+//! `endpoints_guard_ghosts_found_total{resource}` counts it.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Pod, Service};
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use super::objects::{pod_target_refs, slice_pod_refs};
+use super::{Context, handlers};
+use hardened_watcher::{Cached, LiveRead, ObjectKey, WatchObserver, live, stopped};
+
+/// The second read of a suspected ghost.
+const RECHECK_AFTER: Duration = Duration::from_secs(10);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Kind {
+    Pod,
+    Service,
+}
+
+impl Kind {
+    fn resource(self) -> &'static str {
+        match self {
+            Kind::Pod => "pods",
+            Kind::Service => "services",
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Target {
+    kind: Kind,
+    key: ObjectKey,
+    /// The incarnation the cache holds.
+    uid: String,
+}
+
+/// What the scan does with one answer.
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    /// The cache is right (or moved on since).
+    Fine,
+    /// Gone in etcd, still cached: read again later.
+    Suspect,
+    /// Confirmed: evict.
+    Ghost,
+}
+
+/// The rule, pure: `found_uid` is what the read found (`None`: gone),
+/// `cached_uid` what the cache holds now, `second` whether this was the
+/// re-read of a suspect.
+fn verdict(
+    found_uid: Option<&str>,
+    cached_uid: Option<&str>,
+    target_uid: &str,
+    second: bool,
+) -> Verdict {
+    if cached_uid != Some(target_uid) {
+        // The cache moved on (a DELETE arrived, or another incarnation).
+        return Verdict::Fine;
+    }
+    match found_uid {
+        Some(uid) if uid == target_uid => Verdict::Fine,
+        // etcd holds another incarnation: the cached one is dead.
+        Some(_) => Verdict::Ghost,
+        None if second => Verdict::Ghost,
+        None => Verdict::Suspect,
+    }
+}
+
+/// Runs the scan until shutdown; `qps` reads a second (0: never).
+pub async fn run(ctx: Arc<Context>, qps: f64, mut shutdown: watch::Receiver<bool>) {
+    if qps <= 0.0 {
+        return;
+    }
+    let mut ticker = tokio::time::interval(Duration::from_secs_f64(1.0 / qps));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut pass: VecDeque<Target> = VecDeque::new();
+    let mut suspects: VecDeque<(Instant, Target)> = VecDeque::new();
+    let mut pass_started = Instant::now();
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            () = stopped(&mut shutdown) => return,
+        }
+        if !ctx.stores.synced() {
+            continue;
+        }
+        let due = suspects
+            .front()
+            .is_some_and(|(at, _)| *at <= Instant::now());
+        let (target, second) = if due {
+            match suspects.pop_front() {
+                Some((_, target)) => (target, true),
+                None => continue,
+            }
+        } else {
+            if pass.is_empty() {
+                if !ctx.stores.synced() {
+                    continue;
+                }
+                let took = pass_started.elapsed().as_secs_f64();
+                ctx.metrics.ghost_scan_pass_seconds.set(took);
+                pass = targets(&ctx).into();
+                pass_started = Instant::now();
+                debug!(
+                    targets = pass.len(),
+                    last_pass_seconds = took,
+                    "ghost scan: new pass"
+                );
+            }
+            match pass.pop_front() {
+                Some(target) => (target, false),
+                None => continue,
+            }
+        };
+        match check(&ctx, &target, second).await {
+            Verdict::Fine => {}
+            Verdict::Suspect => suspects.push_back((Instant::now() + RECHECK_AFTER, target)),
+            Verdict::Ghost => evict(&ctx, &target),
+        }
+    }
+}
+
+/// Every pod an address of our Endpoints or an endpoint of our slices names,
+/// and every Service with Endpoints or slices of ours, that the caches hold
+/// now; each once.
+fn targets(ctx: &Context) -> Vec<Target> {
+    // (Service key, the pods its objects name), from either controller.
+    let mut named: Vec<(ObjectKey, Vec<String>)> = Vec::new();
+    let endpoints: Vec<_> = ctx
+        .stores
+        .endpoints
+        .read()
+        .iter()
+        .filter(|ep| ep.is_deletable())
+        .cloned()
+        .collect();
+    for ep in endpoints {
+        let Ok(decoded) = ep.decode() else { continue };
+        let pods = pod_target_refs(&decoded)
+            .filter_map(|r| r.name.clone())
+            .collect();
+        named.push((ep.key(), pods));
+    }
+    let slices: Vec<_> = ctx
+        .stores
+        .slices
+        .read()
+        .iter()
+        .filter(|s| s.is_adoptable())
+        .cloned()
+        .collect();
+    for slice in slices {
+        let (Some(key), Ok(decoded)) = (slice.service_key(), slice.decode()) else {
+            continue;
+        };
+        let pods = slice_pod_refs(&decoded)
+            .filter_map(|r| r.name.clone())
+            .collect();
+        named.push((key, pods));
+    }
+
+    let services = ctx.stores.services.read();
+    let pods = ctx.stores.pods.read();
+    let mut seen: HashSet<(Kind, ObjectKey)> = HashSet::new();
+    let mut out = Vec::new();
+    for (key, pod_names) in named {
+        if let Some(svc) = services.get(&key)
+            && seen.insert((Kind::Service, key.clone()))
+        {
+            out.push(Target {
+                kind: Kind::Service,
+                uid: svc.uid().to_owned(),
+                key: key.clone(),
+            });
+        }
+        for name in pod_names {
+            let pod_key = ObjectKey::new(key.namespace.clone(), name);
+            if let Some(pod) = pods.get(&pod_key)
+                && seen.insert((Kind::Pod, pod_key.clone()))
+            {
+                out.push(Target {
+                    kind: Kind::Pod,
+                    uid: pod.uid().to_owned(),
+                    key: pod_key,
+                });
+            }
+        }
+    }
+    out
+}
+
+async fn check(ctx: &Context, target: &Target, second: bool) -> Verdict {
+    ctx.metrics.ghost_scan_reads.inc();
+    let read = match target.kind {
+        Kind::Pod => live::get_metadata::<Pod>(&ctx.client, &(), &target.key).await,
+        Kind::Service => live::get_metadata::<Service>(&ctx.client, &(), &target.key).await,
+    };
+    let found_uid = match read {
+        Ok(LiveRead::Found(meta)) => Some(meta.uid.unwrap_or_default()),
+        Ok(LiveRead::Gone) => None,
+        Err(err) => {
+            debug!(object = %target.key, resource = target.kind.resource(), error = %err, "ghost scan: read failed; skipped");
+            return Verdict::Fine;
+        }
+    };
+    let cached_uid = match target.kind {
+        Kind::Pod => ctx.stores.pods.get(&target.key).map(|p| p.uid().to_owned()),
+        Kind::Service => ctx
+            .stores
+            .services
+            .get(&target.key)
+            .map(|s| s.uid().to_owned()),
+    };
+    verdict(
+        found_uid.as_deref(),
+        cached_uid.as_deref(),
+        &target.uid,
+        second,
+    )
+}
+
+fn evict(ctx: &Arc<Context>, target: &Target) {
+    let resource = target.kind.resource();
+    warn!(object = %target.key, resource, "ghost found: the API server's watch cache holds an object etcd does not; evicted from the cache");
+    ctx.metrics.ghost(resource);
+    match target.kind {
+        Kind::Pod => {
+            if let Some(change) = ctx.stores.pods.evict_ghost(&target.key, &target.uid) {
+                handlers::on_pod(ctx, &change);
+            }
+        }
+        Kind::Service => {
+            if let Some(change) = ctx.stores.services.evict_ghost(&target.key, &target.uid) {
+                handlers::on_service(ctx, &change);
+            }
+        }
+    }
+    info!(object = %target.key, resource, "ghost evicted; its Services are queued");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ghost_takes_two_reads_and_a_cache_that_moved_on_is_fine() {
+        let cases = [
+            (
+                "found, same incarnation",
+                Some("u1"),
+                Some("u1"),
+                false,
+                Verdict::Fine,
+            ),
+            (
+                "gone once: suspect",
+                None,
+                Some("u1"),
+                false,
+                Verdict::Suspect,
+            ),
+            ("gone twice: ghost", None, Some("u1"), true, Verdict::Ghost),
+            (
+                "another incarnation in etcd",
+                Some("u2"),
+                Some("u1"),
+                false,
+                Verdict::Ghost,
+            ),
+            (
+                "the DELETE arrived meanwhile",
+                None,
+                None,
+                true,
+                Verdict::Fine,
+            ),
+            (
+                "the cache holds a newer incarnation",
+                None,
+                Some("u2"),
+                true,
+                Verdict::Fine,
+            ),
+        ];
+        for (case, found, cached, second, want) in cases {
+            assert_eq!(verdict(found, cached, "u1", second), want, "{case}");
+        }
+    }
+}

@@ -1,0 +1,101 @@
+//! kube-apiserver's command line, and waiting until it serves.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::Api;
+
+use crate::process::{LOG_TAIL_LINES, Process};
+use crate::{ControlPlaneOptions, Pki, SERVICE_CLUSTER_IP_RANGE};
+
+pub(crate) fn apiserver_args(
+    options: &ControlPlaneOptions,
+    pki: &Pki,
+    port: u16,
+    etcd_port: u16,
+) -> Vec<String> {
+    let path = |p: &Path| p.display().to_string();
+    let mut args = vec![
+        "--bind-address=127.0.0.1".to_string(),
+        "--advertise-address=127.0.0.1".to_string(),
+        format!("--secure-port={port}"),
+        format!("--tls-cert-file={}", path(&pki.serving_cert)),
+        format!("--tls-private-key-file={}", path(&pki.serving_key)),
+        format!("--client-ca-file={}", path(&pki.ca_cert)),
+        format!("--service-account-key-file={}", path(&pki.sa_public_key)),
+        format!(
+            "--service-account-signing-key-file={}",
+            path(&pki.sa_private_key)
+        ),
+        format!("--service-account-issuer=https://127.0.0.1:{port}"),
+        "--authorization-mode=RBAC".to_string(),
+        format!("--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}"),
+        // No service-account controller runs, so namespaces never get their
+        // `default` ServiceAccount, and the ServiceAccount admission plugin
+        // would reject every pod for lacking it.
+        "--disable-admission-plugins=ServiceAccount".to_string(),
+        format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
+        // The apiserver cannot publish 127.0.0.1 as the `kubernetes`
+        // Service's endpoint (loopback is invalid there) and would log an
+        // error every few seconds trying; the Service itself is still made.
+        "--endpoint-reconciler-type=none".to_string(),
+        // API priority and fairness only slows startup down here.
+        "--enable-priority-and-fairness=false".to_string(),
+        "--profiling=false".to_string(),
+        "--v=1".to_string(),
+    ];
+    if let Some(interval) = options.etcd_compaction_interval {
+        args.push(format!(
+            "--etcd-compaction-interval={}ms",
+            interval.as_millis()
+        ));
+    }
+    args.extend(options.apiserver_args.iter().cloned());
+    args
+}
+
+pub(crate) async fn wait_ready(
+    client: &kube::Client,
+    process: &mut Process,
+    timeout: Duration,
+) -> Result<()> {
+    let start = Instant::now();
+    loop {
+        process.ensure_running()?;
+        let last = match probe(client).await {
+            Ok(()) => return Ok(()),
+            Err(err) => format!("{err:#}"),
+        };
+        if start.elapsed() > timeout {
+            return Err(anyhow!(
+                "kube-apiserver not ready after {timeout:?} (last: {last}); last lines of {}:\n{}",
+                process.log_path().display(),
+                process.log_tail(LOG_TAIL_LINES)
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// `/readyz` says ok and the `default` namespace exists.
+async fn probe(client: &kube::Client) -> Result<()> {
+    let request = http::Request::get("/readyz")
+        .body(Vec::new())
+        .context("building GET /readyz")?;
+    let answer = tokio::time::timeout(Duration::from_secs(5), client.request_text(request))
+        .await
+        .context("GET /readyz timed out")?
+        .context("GET /readyz")?;
+    if answer.trim() != "ok" {
+        bail!("/readyz: {answer}");
+    }
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    tokio::time::timeout(Duration::from_secs(5), namespaces.get_opt("default"))
+        .await
+        .context("GET namespace default timed out")?
+        .context("GET namespace default")?
+        .ok_or_else(|| anyhow!("namespace default not created yet"))?;
+    Ok(())
+}
