@@ -21,6 +21,34 @@ impl<T: Cached> WatchCore<T> {
         self.observer.restart(self.resource(), reason);
     }
 
+    /// The answer to [`Action::Probe`](super::machine::Action::Probe): the
+    /// store's current revision (a one-item consistent LIST's RV), or why
+    /// it could not be had. A revision below what this cache has seen means
+    /// the store was rewound: relist now rather than watch from an RV the
+    /// store has not reached, which the API server accepts and never
+    /// answers.
+    pub fn on_probe(&mut self, store_rv: Result<String, kube::Error>) {
+        match store_rv {
+            Ok(store_rv) => {
+                let floor = self.store.read().list_floor();
+                let behind = !store_rv.is_empty()
+                    && super::cache::Cache::<T>::is_rewound(floor.as_deref(), &store_rv);
+                if let Some(reason) = self.machine.on_probe(behind) {
+                    warn!(
+                        store_rv,
+                        known_rv = ?floor,
+                        "the store's revision is below what this watcher has seen; relisting"
+                    );
+                    self.observer.restart(self.resource(), reason);
+                }
+            }
+            Err(err) => {
+                debug!(error = %err, "probe before resuming the watch failed");
+                self.machine.on_probe_error(ApiErrorKind::classify(&err));
+            }
+        }
+    }
+
     /// The WATCH request was accepted.
     pub fn on_watch_started(&mut self) {
         self.machine.on_watch_started();

@@ -16,7 +16,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use super::core::{Sink, Step, WatchCore};
 use super::decode::decode_object;
 use super::error::WatchError;
-use super::list::{decode_page, fetch_page};
+use super::list::{decode_page, fetch_page, page_rv};
 use super::live;
 use super::machine::Action;
 use super::object::{Cached, LiveRead};
@@ -186,6 +186,14 @@ where
                 }) => {
                     self.list_page(&client, &request, limit, continue_token.as_deref())
                         .await
+                }
+                Step::Act(Action::Probe) => {
+                    let page = tokio::select! {
+                        page = fetch_page(&client, &request, 1, None) => page,
+                        () = stopped(&mut self.shutdown) => return Ok(()),
+                    };
+                    self.core.on_probe(page.and_then(|body| page_rv(&body)));
+                    Flow::Continue
                 }
                 Step::Act(Action::Watch { resource_version }) => {
                     self.watch(&client, &request, &resource_version).await?

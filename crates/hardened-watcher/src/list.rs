@@ -235,6 +235,13 @@ pub async fn fetch_page(
     client.request_text(req).await
 }
 
+/// The resourceVersion of a LIST body, its items left undecoded (the probe
+/// before a resume only needs the store's revision).
+pub fn page_rv(body: &str) -> Result<String, kube::Error> {
+    let list = RawList::parse(body).map_err(kube::Error::SerdeError)?;
+    Ok(list.metadata.resource_version.unwrap_or_default())
+}
+
 /// Decodes a LIST body: its items straight from their JSON text into `K`
 /// (see [`decode_items`]). A body that is no list at all is a
 /// `kube::Error::SerdeError`, as with kube's typed request.

@@ -12,7 +12,11 @@
 //!   the list overtook still arrive and tell lag from drift.
 //! - 410 Expired, ERROR 500 (PrevKv=nil) or any other ERROR event → relist.
 //! - A clean stream end → resume from the highest RV.
-//! - Connection errors → backoff with jitter, then resume.
+//! - Connection errors → backoff with jitter, then a probe (a one-item
+//!   consistent LIST) before resuming: a store that came back below the
+//!   resume point (etcd restored from a backup while the API server was
+//!   down) relists at once instead of watching a future RV, which the API
+//!   server accepts and answers with silence.
 
 use std::time::Duration;
 
@@ -36,6 +40,12 @@ pub enum Phase {
     /// Watching (or about to) from `resume_rv`, the highest RV seen.
     Watching {
         /// The highest RV seen.
+        resume_rv: String,
+    },
+    /// After a lost connection: a one-item consistent LIST tells whether the
+    /// store is still at or past `resume_rv` before the watch resumes there.
+    Probing {
+        /// The RV the watch resumes from if the store has not gone back.
         resume_rv: String,
     },
     /// A relist is due (the first page has not been fetched yet).
@@ -135,6 +145,9 @@ pub enum Action {
         /// The RV to watch from.
         resource_version: String,
     },
+    /// A consistent LIST of one item, for its resourceVersion only (the
+    /// store's current revision); then [`Machine::on_probe`].
+    Probe,
     /// Sleep, then call [`Machine::on_backoff_elapsed`].
     Backoff(Duration),
 }
@@ -375,7 +388,7 @@ impl Machine {
             // Server unreachable, restarting or throttling: what we have is
             // still valid, resume after a pause.
             ApiErrorKind::Connect | ApiErrorKind::Transient(_) => {
-                self.back_off_then(self.watching());
+                self.back_off_then(self.probing());
                 RestartReason::ConnectError
             }
             ApiErrorKind::Rejected(_) | ApiErrorKind::Decode => {
@@ -390,7 +403,7 @@ impl Machine {
     /// The connection broke mid-stream (I/O error, reset).
     pub fn on_connect_error(&mut self) -> RestartReason {
         match self.phase {
-            Phase::Watching { .. } => self.back_off_then(self.watching()),
+            Phase::Watching { .. } | Phase::Probing { .. } => self.back_off_then(self.probing()),
             _ => {
                 self.reset_list();
                 self.back_off_then(Phase::Relisting {
@@ -413,6 +426,33 @@ impl Machine {
         }
         self.events_this_watch = 0;
         RestartReason::StreamEnded
+    }
+
+    /// The probe's answer: `store_behind` when the store's revision is below
+    /// what was already seen (it was rewound). Returns the restart reason
+    /// when that makes a relist.
+    pub fn on_probe(&mut self, store_behind: bool) -> Option<RestartReason> {
+        if store_behind {
+            self.relist(RestartReason::RewindSuspected);
+            return Some(RestartReason::RewindSuspected);
+        }
+        self.phase = self.watching();
+        None
+    }
+
+    /// The probe failed. The server still unreachable or overloaded: probe
+    /// again after a pause. Any other answer (a LIST forbidden where the
+    /// WATCH is allowed, a body we cannot read) skips the probe, which is
+    /// only an early check: the periodic resync still finds a rewind.
+    pub fn on_probe_error(&mut self, err: ApiErrorKind) {
+        match err {
+            ApiErrorKind::Connect | ApiErrorKind::Transient(_) => {
+                self.back_off_then(self.probing());
+            }
+            ApiErrorKind::Expired | ApiErrorKind::Rejected(_) | ApiErrorKind::Decode => {
+                self.phase = self.watching();
+            }
+        }
     }
 
     /// The backoff is over: go on with the phase that waited.
@@ -450,14 +490,24 @@ impl Machine {
         }
     }
 
+    /// Where a resume goes after a lost connection: probe first.
+    fn probing(&self) -> Phase {
+        match self.watching() {
+            Phase::Watching { resume_rv } => Phase::Probing { resume_rv },
+            other => other,
+        }
+    }
+
     fn watching(&self) -> Phase {
         match (&self.phase, self.resume.get()) {
             (_, Some(rv)) => Phase::Watching {
                 resume_rv: rv.to_owned(),
             },
-            (Phase::Watching { resume_rv }, None) => Phase::Watching {
-                resume_rv: resume_rv.clone(),
-            },
+            (Phase::Watching { resume_rv } | Phase::Probing { resume_rv }, None) => {
+                Phase::Watching {
+                    resume_rv: resume_rv.clone(),
+                }
+            }
             // Never watched: nothing to resume from, list first.
             (_, None) => Phase::Relisting {
                 reason: RestartReason::ConnectError,
@@ -492,6 +542,7 @@ fn action_for(phase: &Phase, limit: u32) -> Action {
         Phase::Watching { resume_rv } => Action::Watch {
             resource_version: resume_rv.clone(),
         },
+        Phase::Probing { .. } => Action::Probe,
         Phase::BackingOff { delay, .. } => Action::Backoff(*delay),
     }
 }

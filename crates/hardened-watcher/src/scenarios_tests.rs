@@ -313,15 +313,24 @@ fn case8_connection_cut_backs_off_then_resumes() {
     assert_eq!(h.restarts(RestartReason::ConnectError), 1);
     assert_eq!(h.step(), Step::Act(Action::Backoff(Duration::from_secs(1))));
     h.core.on_backoff_elapsed();
+    // Before resuming, a one-item list checks the store has not gone back.
+    h.probe("135");
     h.expect_watch("130");
     // API server restarting: the watch request fails repeatedly.
     h.core.on_watch_start_error(&connect_error());
     assert_eq!(h.step(), Step::Act(Action::Backoff(Duration::from_secs(2))));
     h.core.on_backoff_elapsed();
-    h.core
-        .on_watch_start_error(&api_error(503, "ServiceUnavailable"));
+    // The probe itself cannot get through either: pause, probe again.
+    assert_eq!(h.step(), Step::Act(Action::Probe));
+    h.core.on_probe(Err(connect_error()));
     assert_eq!(h.step(), Step::Act(Action::Backoff(Duration::from_secs(3))));
     h.core.on_backoff_elapsed();
+    h.probe("135");
+    h.core
+        .on_watch_start_error(&api_error(503, "ServiceUnavailable"));
+    assert_eq!(h.step(), Step::Act(Action::Backoff(Duration::from_secs(4))));
+    h.core.on_backoff_elapsed();
+    h.probe("130");
     h.expect_watch("130");
     // Back: events flow again, nothing was dropped from the cache meanwhile.
     h.core.on_watch_started();
@@ -330,8 +339,41 @@ fn case8_connection_cut_backs_off_then_resumes() {
     // And if the RV was compacted during the outage: relist.
     h.core.on_connect_error();
     h.core.on_backoff_elapsed();
+    h.probe("900");
     h.core.on_watch_start_error(&api_error(410, "Expired"));
     h.expect_list(None);
+}
+
+/// 8b. etcd restored from a backup while the API server was down: the store
+///     comes back below the resume point. A watch from there would be
+///     accepted and stay silent until the store caught up; the probe sees
+///     the lower revision and the relist that follows starts the cache over.
+#[test]
+fn case8_a_store_back_below_the_resume_point_relists_at_once() {
+    let mut h = Harness::synced_with(vec![obj("a", "ua", "100")], "100");
+    h.core.on_watch_started();
+    h.event(Modified, obj("a", "ua", "300"));
+    h.core.on_connect_error();
+    h.core.on_backoff_elapsed();
+    h.probe("120");
+    assert_eq!(h.restarts(RestartReason::RewindSuspected), 1);
+    h.expect_list(None);
+    // The restored store has a at its old RV: the cache takes it.
+    h.page(vec![obj("a", "ua", "100")], None, "120");
+    assert_eq!(h.data("a").as_deref(), Some("a@100"));
+    h.expect_watch("120");
+}
+
+/// 8c. A probe the server refuses (LIST forbidden where WATCH is allowed)
+///     does not hold the watch up: it resumes, the resync stays the bound.
+#[test]
+fn case8_a_refused_probe_resumes_the_watch() {
+    let mut h = Harness::synced_with(vec![obj("a", "ua", "100")], "100");
+    h.core.on_connect_error();
+    h.core.on_backoff_elapsed();
+    assert_eq!(h.step(), Step::Act(Action::Probe));
+    h.core.on_probe(Err(api_error(403, "Forbidden")));
+    h.expect_watch("100");
 }
 
 #[test]

@@ -215,6 +215,17 @@ impl Harness {
         );
     }
 
+    /// The probe after a lost connection, answered with the store's `store_rv`.
+    pub fn probe(&mut self, store_rv: &str) {
+        assert_eq!(
+            self.step(),
+            Step::Act(Action::Probe),
+            "phase: {:?}",
+            self.core.machine().phase()
+        );
+        self.core.on_probe(Ok(store_rv.to_owned()));
+    }
+
     pub fn expect_read(&mut self, name: &str) {
         assert_eq!(self.step(), Step::Read { key: key(name) });
     }
