@@ -132,6 +132,7 @@ pub async fn start(
     watching.spawn::<EndpointsKind>(&mut tasks);
     watching.spawn::<EndpointSliceKind>(&mut tasks);
     watching.spawn::<NodeKind>(&mut tasks);
+    tasks.spawn(hardened_watcher::share_rewinds(ctx.stores.watched()));
 
     let workers = cfg.workers;
     let resync_interval = cfg.resync_interval;

@@ -28,7 +28,7 @@ use crate::desired::PodInfo;
 use crate::kinds::{EndpointSliceKind, EndpointsKind, Kind, NodeKind, PodKind, ServiceKind};
 use crate::metrics::Metrics;
 use crate::reconcile::objects::{CachedEndpoints, CachedNode, CachedService, CachedSlice};
-use hardened_watcher::{Cached, ObjectKey, Store};
+use hardened_watcher::{Cached, ObjectKey, Store, StoreHandle};
 use tokio::sync::watch;
 
 pub use queue::WorkQueue;
@@ -63,21 +63,24 @@ impl Stores {
         }
     }
 
+    /// Every cache that is watched, whatever its object type.
+    pub fn watched(&self) -> Vec<Arc<dyn StoreHandle>> {
+        let c = self.controllers;
+        let all: [(bool, Arc<dyn StoreHandle>); 5] = [
+            (ServiceKind::needed(c), Arc::new(self.services.clone())),
+            (PodKind::needed(c), Arc::new(self.pods.clone())),
+            (EndpointsKind::needed(c), Arc::new(self.endpoints.clone())),
+            (EndpointSliceKind::needed(c), Arc::new(self.slices.clone())),
+            (NodeKind::needed(c), Arc::new(self.nodes.clone())),
+        ];
+        all.into_iter()
+            .filter_map(|(needed, store)| needed.then_some(store))
+            .collect()
+    }
+
     /// The `synced` signal of every cache that is watched.
     pub fn synced_signals(&self) -> Vec<watch::Receiver<bool>> {
-        let mut signals = Vec::new();
-        let mut follow = |needed: bool, signal: watch::Receiver<bool>| {
-            if needed {
-                signals.push(signal);
-            }
-        };
-        let c = self.controllers;
-        follow(ServiceKind::needed(c), self.services.synced());
-        follow(PodKind::needed(c), self.pods.synced());
-        follow(EndpointsKind::needed(c), self.endpoints.synced());
-        follow(EndpointSliceKind::needed(c), self.slices.synced());
-        follow(NodeKind::needed(c), self.nodes.synced());
-        signals
+        self.watched().iter().map(|store| store.synced()).collect()
     }
 
     /// Whether every watched cache holds a complete consistent list.

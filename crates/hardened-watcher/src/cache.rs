@@ -267,6 +267,7 @@ impl<T: Cached> Cache<T> {
                 observed_rv,
                 source,
                 born,
+                before_rewind: false,
             },
         );
     }

@@ -214,11 +214,16 @@ impl<T: Cached> Cache<T> {
                 continue;
             }
             self.put_tombstone(
-                key,
+                key.clone(),
                 cur.clone(),
                 Some(list_rv.to_owned()),
                 DeletionSource::MissingFromList,
             );
+            if mode == ListMode::Rewind
+                && let Some(tomb) = self.tombstones.get_mut(&key)
+            {
+                tomb.before_rewind = true;
+            }
             diff.deletion_candidates += 1;
             diff.changes.push(Change::DeletionCandidate(cur));
         }

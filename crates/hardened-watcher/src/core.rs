@@ -186,6 +186,9 @@ impl<T: Cached> WatchCore<T> {
         self.next_mode = ListMode::Rewind;
         if self.store.set_synced(false) {
             self.observer.synced(self.resource(), false);
+            // Found here first (a store told to start over is unsynced
+            // already): the other caches of this store must hear of it.
+            self.store.announce_rewind();
         }
     }
 

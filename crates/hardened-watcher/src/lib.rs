@@ -91,7 +91,7 @@ pub use object::{
     ObjectKey, Outcome, StaleReason, Tombstone, WatchEventKind, Whole,
 };
 pub use observer::{CountingObserver, WatchObserver};
-pub use store::{ResyncReport, Store};
+pub use store::{ResyncReport, Store, StoreHandle, share_rewinds};
 
 #[cfg(test)]
 mod cache_list_tests;

@@ -172,6 +172,12 @@ pub struct Tombstone<T> {
     /// The cache's [`tick`](super::cache::Cache::tick) when it was made: how
     /// old an unconfirmed candidate is, without a clock in here.
     pub born: u64,
+    /// Made by the list that started the cache over after a store rewind:
+    /// `last_known` carries an RV from history the store no longer has, so
+    /// only `observed_rv` (that list's RV) bounds the deletion. An object
+    /// made again after the restore gets RVs below the lost ones and must
+    /// not be taken for a replay.
+    pub before_rewind: bool,
 }
 
 impl<T: Cached> Tombstone<T> {
@@ -180,6 +186,7 @@ impl<T: Cached> Tombstone<T> {
     pub(super) fn horizon(&self) -> &str {
         let known = self.last_known.resource_version();
         match self.observed_rv.as_deref() {
+            Some(observed) if self.before_rewind => observed,
             Some(observed) => max_rv(known, observed),
             None => known,
         }

@@ -42,6 +42,8 @@ struct Inner<T: Cached> {
     requests: mpsc::UnboundedSender<Request>,
     receiver: Mutex<Option<mpsc::UnboundedReceiver<Request>>>,
     synced: watch::Sender<bool>,
+    /// How many rewinds this store's watcher found first-hand.
+    rewinds: watch::Sender<u64>,
     last_suspect_relist: Mutex<Option<Instant>>,
 }
 
@@ -70,6 +72,7 @@ impl<T: Cached> Store<T> {
                 requests,
                 receiver: Mutex::new(Some(receiver)),
                 synced: watch::channel(false).0,
+                rewinds: watch::channel(0).0,
                 last_suspect_relist: Mutex::new(None),
             }),
         }
@@ -121,6 +124,17 @@ impl<T: Cached> Store<T> {
             .send_if_modified(|now| std::mem::replace(now, synced) != synced)
     }
 
+    /// Counts a rewind this store's watcher found itself (not one it was
+    /// told of by [`Store::start_over`]): [`share_rewinds`] passes it on.
+    pub(super) fn announce_rewind(&self) {
+        self.inner.rewinds.send_modify(|count| *count += 1);
+    }
+
+    /// Follows the rewinds this store's watcher found itself.
+    pub fn rewinds(&self) -> watch::Receiver<u64> {
+        self.inner.rewinds.subscribe()
+    }
+
     /// The request channel, taken once by the watcher.
     pub(super) fn take_requests(&self) -> Option<mpsc::UnboundedReceiver<Request>> {
         self.inner
@@ -169,6 +183,21 @@ impl<T: Cached> Store<T> {
         self.write().evict_ghost(key, uid)
     }
 
+    /// Another watcher of the same store found it rewound: this cache is not
+    /// to be trusted either until it has listed again. It stops counting as
+    /// synced now, and its watcher relists (that list's own RV check then
+    /// starts it over). Without this, one cache could already hold the
+    /// restored state while another still held the lost history, and a
+    /// reconcile in between would act on the mix.
+    pub fn start_over(&self) {
+        self.set_synced(false);
+        // No watcher (shut down): nothing to relist.
+        let _ = self
+            .inner
+            .requests
+            .send(Request::Relist(RestartReason::StoreRewound));
+    }
+
     /// Asks for a relist to find out whether the store was rewound, at most
     /// once every 30 s.
     pub fn suspect_rewind(&self) {
@@ -186,5 +215,102 @@ impl<T: Cached> Store<T> {
             .inner
             .requests
             .send(Request::Relist(RestartReason::RewindSuspected));
+    }
+}
+
+/// A [`Store`] whatever its object type: what [`share_rewinds`] needs.
+pub trait StoreHandle: Send + Sync {
+    /// See [`Store::resource`].
+    fn resource(&self) -> &'static str;
+    /// See [`Store::synced`].
+    fn synced(&self) -> watch::Receiver<bool>;
+    /// See [`Store::rewinds`].
+    fn rewinds(&self) -> watch::Receiver<u64>;
+    /// See [`Store::start_over`].
+    fn start_over(&self);
+}
+
+impl<T: Cached> StoreHandle for Store<T> {
+    fn resource(&self) -> &'static str {
+        Store::resource(self)
+    }
+
+    fn synced(&self) -> watch::Receiver<bool> {
+        Store::synced(self)
+    }
+
+    fn rewinds(&self) -> watch::Receiver<u64> {
+        Store::rewinds(self)
+    }
+
+    fn start_over(&self) {
+        Store::start_over(self);
+    }
+}
+
+/// Runs as long as the stores exist (spawn it beside the watchers and end
+/// it with them): whenever the watcher of one of `stores` finds the store
+/// rewound, every other store starts over too ([`Store::start_over`]). The
+/// caches of one API server share one etcd: a restore rewinds them all, but
+/// each watcher would otherwise find out on its own schedule. A store told
+/// to start over does not pass it on again when its own list then finds the
+/// rewind (it is no longer synced, so its watcher announces nothing).
+pub async fn share_rewinds(stores: Vec<Arc<dyn StoreHandle>>) {
+    let mut followers = tokio::task::JoinSet::new();
+    for (index, store) in stores.iter().enumerate() {
+        let mut rewinds = store.rewinds();
+        let others: Vec<Arc<dyn StoreHandle>> = stores
+            .iter()
+            .enumerate()
+            .filter(|(other, _)| *other != index)
+            .map(|(_, store)| Arc::clone(store))
+            .collect();
+        let resource = store.resource();
+        followers.spawn(async move {
+            while rewinds.changed().await.is_ok() {
+                tracing::info!(
+                    resource,
+                    "store rewound: every other cache lists again before anything is reconciled"
+                );
+                for other in &others {
+                    other.start_over();
+                }
+            }
+        });
+    }
+    while followers.join_next().await.is_some() {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testkit::Obj;
+
+    #[tokio::test]
+    async fn a_rewind_seen_by_one_store_makes_the_others_list_again() {
+        let pods: Store<Obj> = Store::new("pods");
+        let services: Store<Obj> = Store::new("services");
+        let mut requests = services.take_requests().expect("requests not taken yet");
+        pods.set_synced(true);
+        services.set_synced(true);
+        let handles: Vec<Arc<dyn StoreHandle>> =
+            vec![Arc::new(pods.clone()), Arc::new(services.clone())];
+        let sharing = tokio::spawn(share_rewinds(handles));
+        // Both synced: nothing happens.
+        tokio::task::yield_now().await;
+        assert!(services.is_synced());
+        assert!(requests.try_recv().is_err());
+        // The pods watcher finds the store rewound.
+        pods.set_synced(false);
+        pods.announce_rewind();
+        let request = tokio::time::timeout(Duration::from_secs(5), requests.recv())
+            .await
+            .expect("a relist request in time");
+        assert!(matches!(
+            request,
+            Some(Request::Relist(RestartReason::StoreRewound))
+        ));
+        assert!(!services.is_synced(), "not trusted until it lists again");
+        sharing.abort();
     }
 }
