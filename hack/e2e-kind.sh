@@ -48,7 +48,7 @@ kubeadmConfigPatches:
     kind: ClusterConfiguration
     controllerManager:
       extraArgs:
-        controllers: "*,-endpoints-controller"
+        controllers: "*,-endpoints-controller,-endpointslice-controller"
 nodes:
   - role: control-plane
 EOF
@@ -233,7 +233,7 @@ scenarios() {
 
 upstream_endpoints_controller_off() {
   kubectl -n kube-system get pods -l component=kube-controller-manager \
-    -o jsonpath='{.items[*].spec.containers[*].command}' | grep -q -- '-endpoints-controller'
+    -o jsonpath='{.items[*].spec.containers[*].command}' | grep -q -- '-endpoints-controller,-endpointslice-controller'
 }
 
 cleanup() {
@@ -261,7 +261,7 @@ run() {
   fi
   kind get kubeconfig --name "$cluster" >"$workdir/kubeconfig"
   export KUBECONFIG=$workdir/kubeconfig
-  upstream_endpoints_controller_off || die "kube-controller-manager still runs the endpoints controller"
+  upstream_endpoints_controller_off || die "kube-controller-manager still runs the endpoints or endpointslice controller"
 
   log "building $image"
   docker build -t "$image" "$root"

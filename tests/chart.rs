@@ -22,7 +22,8 @@ use endpoints_guard::config::Config;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Endpoints, Secret, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{Endpoints, Node, Secret, Service, ServiceAccount};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
@@ -146,8 +147,10 @@ fn rendered_objects_are_hardened_and_least_privilege() -> Result<()> {
         [
             "/endpoints: create,delete,get,list,update,watch",
             "/events: create,patch",
+            "/nodes: get,list,watch",
             "/pods: get,list,watch",
             "/services: get,list,watch",
+            "discovery.k8s.io/endpointslices: create,delete,get,list,update,watch",
             "events.k8s.io/events: create,patch",
         ]
     );
@@ -168,6 +171,20 @@ fn values_are_checked() -> Result<()> {
         assert!(template(&[bad]).is_err(), "{bad} accepted");
     }
     template(&["leaderElection.enabled=false", "replicaCount=1"])?;
+    // The controllers list picks the flags and the RBAC rules.
+    assert!(template(&["controllers={endpoints,yolo}"]).is_err());
+    let endpoints_only = documents(&template(&["controllers={endpoints}"])?)?;
+    let args =
+        strings(&container(find(&endpoints_only, "Deployment")?, "endpoints-guard")?["args"]);
+    assert!(
+        args.contains(&"--controllers=endpoints".to_string()),
+        "{args:?}"
+    );
+    let rules = serde_yaml::to_string(&find(&endpoints_only, "ClusterRole")?["rules"])?;
+    assert!(
+        !rules.contains("endpointslices") && !rules.contains("nodes"),
+        "{rules}"
+    );
     let monitoring = documents(&template(&[
         "serviceMonitor.enabled=true",
         "prometheusRule.enabled=true",
@@ -216,7 +233,7 @@ fn kind_config_disables_the_upstream_endpoints_controller() -> Result<()> {
     assert_eq!(patch["kind"].as_str(), Some("ClusterConfiguration"));
     assert_eq!(
         patch["controllerManager"]["extraArgs"]["controllers"].as_str(),
-        Some("*,-endpoints-controller")
+        Some("*,-endpoints-controller,-endpointslice-controller")
     );
     let roles: Vec<&str> = config["nodes"]
         .as_sequence()
@@ -383,6 +400,14 @@ async fn helm_install_then_run_with_the_charts_service_account() -> Result<()> {
         .context("TokenRequest without a token")?;
 
     cp.create_namespace("demo").await?;
+    // The pod's Node: the EndpointSlice controller leaves out pods on Nodes it
+    // does not know, as upstream's does.
+    let node: Node = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"}
+    }))?;
+    Api::<Node>::all(client.clone())
+        .create(&PostParams::default(), &node)
+        .await?;
     cp.create_service(
         ServiceBuilder::new("demo", "web")
             .selector("app", "web")
@@ -442,6 +467,29 @@ async fn helm_install_then_run_with_the_charts_service_account() -> Result<()> {
     )
     .await;
     if let Err(err) = written {
+        guard.ensure_running()?;
+        return Err(err.context(guard.log_tail(40)));
+    }
+    // The EndpointSlice controller (on by default) is granted what it needs too.
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), "demo");
+    let sliced = eventually(
+        Duration::from_secs(60),
+        "demo/web EndpointSlice written with the chart's token",
+        || async {
+            let listed = slices
+                .list(&ListParams::default().labels("kubernetes.io/service-name=web"))
+                .await?;
+            let addresses: Vec<String> = listed
+                .items
+                .iter()
+                .flat_map(|slice| slice.endpoints.iter().flatten())
+                .flat_map(|endpoint| endpoint.addresses.iter().cloned())
+                .collect();
+            Ok((addresses == ["10.1.0.5"]).then_some(()))
+        },
+    )
+    .await;
+    if let Err(err) = sliced {
         guard.ensure_running()?;
         return Err(err.context(guard.log_tail(40)));
     }

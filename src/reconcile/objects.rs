@@ -24,52 +24,100 @@ fn meta_str(field: &Option<String>) -> &str {
     field.as_deref().unwrap_or("")
 }
 
-/// An Endpoints object as the cache keeps it: what the cache, the sweep and
-/// the pod guard read on every event as fields, the rest as compact JSON,
-/// decoded only when its Service is reconciled.
+/// A Kubernetes object kept as compact JSON in two parts: the object less
+/// its managedFields and one list field (an Endpoints' `subsets`, a slice's
+/// `endpoints`), and that field alone, where every `"uid"` is a targetRef's.
+/// Key, uid and resourceVersion, read on every event, are kept as fields.
 ///
 /// Why JSON: decoded, an Endpoints of 10 addresses takes ~8 KB (each address
 /// is ~240 bytes of `Option<String>` slots before its strings, and serde
-/// leaves the address vectors up to half empty); its JSON takes ~2 KB.
+/// leaves the address vectors up to half empty); its JSON takes ~2 KB. It is
+/// decoded only when its Service is reconciled.
 #[derive(Clone, Debug, PartialEq)]
-pub struct CachedEndpoints {
+struct PackedObject {
     key: ObjectKey,
     uid: Box<str>,
     resource_version: Box<str>,
-    managed_by: Option<Box<str>>,
-    /// The object without managedFields and without subsets.
     object_json: Box<str>,
-    /// `subsets` alone: every `"uid"` in it is a targetRef's.
-    subsets_json: Box<str>,
+    field_json: Box<str>,
+}
+
+impl PackedObject {
+    /// Packs `obj` (managedFields dropped), its list field taken out by
+    /// `take`; returns the rest of the object too, for the fields a kind
+    /// keeps beside. `None` only if it cannot be encoded, which a decoded
+    /// object can.
+    fn new<K, F>(obj: K, take: impl FnOnce(&mut K) -> F) -> Option<(Self, K)>
+    where
+        K: kube::Resource + serde::Serialize,
+        F: serde::Serialize,
+    {
+        let mut obj = strip_managed_fields(obj);
+        let field = take(&mut obj);
+        let field_json = serde_json::to_string(&field).ok()?;
+        let object_json = serde_json::to_string(&obj).ok()?;
+        let meta = obj.meta();
+        let packed = Self {
+            key: key_of(&obj),
+            uid: meta_str(&meta.uid).into(),
+            resource_version: meta_str(&meta.resource_version).into(),
+            object_json: object_json.into_boxed_str(),
+            field_json: field_json.into_boxed_str(),
+        };
+        Some((packed, obj))
+    }
+
+    /// The whole object back, the list field put in by `put`.
+    fn decode<K, F>(&self, what: &'static str, put: impl FnOnce(&mut K, F)) -> Result<K>
+    where
+        K: serde::de::DeserializeOwned,
+        F: serde::de::DeserializeOwned,
+    {
+        let error = |source| Error::Decode {
+            what,
+            key: self.key.to_string(),
+            source,
+        };
+        let mut obj: K = serde_json::from_str(&self.object_json).map_err(error)?;
+        put(
+            &mut obj,
+            serde_json::from_str(&self.field_json).map_err(error)?,
+        );
+        Ok(obj)
+    }
+
+    /// Whether a targetRef in the list field has this UID.
+    fn references(&self, uid: &TargetRefUid) -> bool {
+        uid.0
+            .as_deref()
+            .is_some_and(|needle| self.field_json.contains(needle))
+    }
+}
+
+/// An Endpoints object as the cache keeps it: packed ([`PackedObject`], the
+/// list field being `subsets`), and its managed-by label.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CachedEndpoints {
+    packed: PackedObject,
+    managed_by: Option<Box<str>>,
 }
 
 impl CachedEndpoints {
     /// `None` only if the object cannot be encoded, which a decoded object can.
     pub fn new(ep: Endpoints) -> Option<Self> {
-        let mut ep = strip_managed_fields(ep);
-        let subsets = ep.subsets.take();
-        let subsets_json = serde_json::to_string(&subsets).ok()?;
-        let object_json = serde_json::to_string(&ep).ok()?;
+        let (packed, ep) = PackedObject::new(ep, |ep| ep.subsets.take())?;
         Some(Self {
-            key: key_of(&ep),
-            uid: meta_str(&ep.metadata.uid).into(),
-            resource_version: meta_str(&ep.metadata.resource_version).into(),
+            packed,
             managed_by: managed_by(&ep).map(Into::into),
-            object_json: object_json.into_boxed_str(),
-            subsets_json: subsets_json.into_boxed_str(),
         })
     }
 
     /// The whole object back.
     pub fn decode(&self) -> Result<Endpoints> {
-        let error = |source| Error::Decode {
-            what: "cached Endpoints",
-            key: self.key.to_string(),
-            source,
-        };
-        let mut ep: Endpoints = serde_json::from_str(&self.object_json).map_err(error)?;
-        ep.subsets = serde_json::from_str(&self.subsets_json).map_err(error)?;
-        Ok(ep)
+        self.packed
+            .decode("cached Endpoints", |ep: &mut Endpoints, subsets| {
+                ep.subsets = subsets;
+            })
     }
 
     /// The `endpoints.kubernetes.io/managed-by` label.
@@ -84,9 +132,7 @@ impl CachedEndpoints {
 
     /// Whether an address (ready or not) has a targetRef with this UID.
     pub fn references(&self, uid: &TargetRefUid) -> bool {
-        uid.0
-            .as_deref()
-            .is_some_and(|needle| self.subsets_json.contains(needle))
+        self.packed.references(uid)
     }
 }
 
@@ -125,68 +171,54 @@ impl TargetRefUid {
 
 impl Cached for CachedEndpoints {
     fn key(&self) -> ObjectKey {
-        self.key.clone()
+        self.packed.key.clone()
     }
     fn uid(&self) -> &str {
-        &self.uid
+        &self.packed.uid
     }
     fn resource_version(&self) -> &str {
-        &self.resource_version
+        &self.packed.resource_version
     }
 }
 
-/// An EndpointSlice as the cache keeps it: the fields read on every event,
-/// the rest as compact JSON (as for [`CachedEndpoints`], and for the same
-/// reason), decoded when its Service is reconciled.
+/// An EndpointSlice as the cache keeps it: packed ([`PackedObject`], the
+/// list field being `endpoints`), its service-name label and whether we may
+/// take it over.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CachedSlice {
-    key: ObjectKey,
-    uid: Box<str>,
-    resource_version: Box<str>,
+    packed: PackedObject,
     /// `kubernetes.io/service-name`: the one label indexed.
     service_name: Option<Box<str>>,
     /// Managed by us or by upstream's controller (see [`slices::is_adoptable`]).
     adoptable: bool,
-    /// The object without managedFields and without endpoints.
-    object_json: Box<str>,
-    /// `endpoints` alone: every `"uid"` in it is a targetRef's.
-    endpoints_json: Box<str>,
 }
 
 impl CachedSlice {
     /// `None` only if the object cannot be encoded, which a decoded object can.
     pub fn new(slice: EndpointSlice) -> Option<Self> {
-        let mut slice = strip_managed_fields(slice);
-        let endpoints = std::mem::take(&mut slice.endpoints);
-        let endpoints_json = serde_json::to_string(&endpoints).ok()?;
-        let object_json = serde_json::to_string(&slice).ok()?;
+        let (packed, slice) =
+            PackedObject::new(slice, |slice| std::mem::take(&mut slice.endpoints))?;
         Some(Self {
-            key: key_of(&slice),
-            uid: meta_str(&slice.metadata.uid).into(),
-            resource_version: meta_str(&slice.metadata.resource_version).into(),
+            packed,
             service_name: slices::slice_service_name(&slice).map(Into::into),
             adoptable: slices::is_adoptable(&slice, desired::MANAGER),
-            object_json: object_json.into_boxed_str(),
-            endpoints_json: endpoints_json.into_boxed_str(),
         })
     }
 
     /// The whole object back.
     pub fn decode(&self) -> Result<EndpointSlice> {
-        let error = |source| Error::Decode {
-            what: "cached EndpointSlice",
-            key: self.key.to_string(),
-            source,
-        };
-        let mut slice: EndpointSlice = serde_json::from_str(&self.object_json).map_err(error)?;
-        slice.endpoints = serde_json::from_str(&self.endpoints_json).map_err(error)?;
-        Ok(slice)
+        self.packed.decode(
+            "cached EndpointSlice",
+            |slice: &mut EndpointSlice, endpoints| {
+                slice.endpoints = endpoints;
+            },
+        )
     }
 
     /// The Service this slice is labelled for.
     pub fn service_key(&self) -> Option<ObjectKey> {
         let name = self.service_name.as_deref()?;
-        Some(ObjectKey::new(self.key.namespace.clone(), name))
+        Some(ObjectKey::new(self.packed.key.namespace.clone(), name))
     }
 
     /// Whether we may change or delete it: ours, or upstream's (adopted).
@@ -196,21 +228,19 @@ impl CachedSlice {
 
     /// Whether an endpoint has a targetRef with this UID.
     pub fn references(&self, uid: &TargetRefUid) -> bool {
-        uid.0
-            .as_deref()
-            .is_some_and(|needle| self.endpoints_json.contains(needle))
+        self.packed.references(uid)
     }
 }
 
 impl Cached for CachedSlice {
     fn key(&self) -> ObjectKey {
-        self.key.clone()
+        self.packed.key.clone()
     }
     fn uid(&self) -> &str {
-        &self.uid
+        &self.packed.uid
     }
     fn resource_version(&self) -> &str {
-        &self.resource_version
+        &self.packed.resource_version
     }
     /// Indexed by the service-name label only: the reconcile of a Service
     /// finds its slices through the index.
