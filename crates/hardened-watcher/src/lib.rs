@@ -75,6 +75,7 @@ pub mod live;
 pub mod machine;
 pub mod object;
 pub mod observer;
+pub mod reason;
 pub mod rv;
 pub mod store;
 #[cfg(any(test, feature = "testing"))]
