@@ -242,6 +242,8 @@ impl Bench {
                 &self.opts.guard_binary,
                 self.kubeconfig(c)?,
                 &[
+                    // Like for like: upstream runs its endpoints controller alone.
+                    "--controllers=endpoints".to_string(),
                     format!("--resync-interval={resync}"),
                     format!("--ghost-scan-qps={}", self.opts.ghost_scan_qps),
                 ],
