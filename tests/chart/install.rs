@@ -144,48 +144,38 @@ async fn helm_install_then_run_with_the_charts_service_account() -> Result<()> {
     )?;
 
     let endpoints: Api<Endpoints> = Api::namespaced(client.clone(), "demo");
-    let written = eventually(
-        Duration::from_secs(60),
+    until_published(
+        &mut guard,
         "demo/web Endpoints written with the chart's token",
         || async {
             let ep = endpoints.get_opt("web").await?;
-            let ips: Vec<String> = ep
+            Ok(ep
                 .iter()
                 .flat_map(|e| e.subsets.iter().flatten())
                 .flat_map(|s| s.addresses.iter().flatten())
                 .map(|a| a.ip.clone())
-                .collect();
-            Ok((ips == ["10.1.0.5"]).then_some(()))
+                .collect())
         },
     )
-    .await;
-    if let Err(err) = written {
-        guard.ensure_running()?;
-        return Err(err.context(guard.log_tail(40)));
-    }
+    .await?;
     // The EndpointSlice controller (on by default) is granted what it needs too.
     let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), "demo");
-    let sliced = eventually(
-        Duration::from_secs(60),
+    until_published(
+        &mut guard,
         "demo/web EndpointSlice written with the chart's token",
         || async {
             let listed = slices
                 .list(&ListParams::default().labels("kubernetes.io/service-name=web"))
                 .await?;
-            let addresses: Vec<String> = listed
+            Ok(listed
                 .items
                 .iter()
                 .flat_map(|slice| slice.endpoints.iter().flatten())
                 .flat_map(|endpoint| endpoint.addresses.iter().cloned())
-                .collect();
-            Ok((addresses == ["10.1.0.5"]).then_some(()))
+                .collect())
         },
     )
-    .await;
-    if let Err(err) = sliced {
-        guard.ensure_running()?;
-        return Err(err.context(guard.log_tail(40)));
-    }
+    .await?;
     let lease = Api::<Lease>::namespaced(client.clone(), NAMESPACE)
         .get("endpoints-guard")
         .await?;
@@ -235,5 +225,24 @@ async fn helm_install_then_run_with_the_charts_service_account() -> Result<()> {
     );
     guard.ensure_running()?;
     guard.stop().await?;
+    Ok(())
+}
+
+/// Waits until `addresses` reads exactly the demo pod's IP; on a timeout the
+/// error carries the tail of the controller's log.
+async fn until_published<F, Fut>(guard: &mut Process, what: &str, mut addresses: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Vec<String>>>,
+{
+    let published = eventually(Duration::from_secs(60), what, || {
+        let read = addresses();
+        async move { Ok((read.await? == ["10.1.0.5"]).then_some(())) }
+    })
+    .await;
+    if let Err(err) = published {
+        guard.ensure_running()?;
+        return Err(err.context(guard.log_tail(40)));
+    }
     Ok(())
 }
