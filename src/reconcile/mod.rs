@@ -44,6 +44,9 @@ pub struct Stores {
     pub slices: Store<CachedSlice>,
     pub nodes: Store<CachedNode>,
     pub controllers: Controllers,
+    /// The stores above that the running controllers watch, made once: the
+    /// readiness checks run before every reconcile.
+    watched: Arc<[Arc<dyn StoreHandle>]>,
 }
 
 impl Stores {
@@ -53,47 +56,55 @@ impl Stores {
     }
 
     pub fn for_controllers(controllers: Controllers) -> Self {
+        let services = Store::new(ServiceKind::RESOURCE);
+        let pods = Store::new(PodKind::RESOURCE);
+        let endpoints = Store::new(EndpointsKind::RESOURCE);
+        let slices = Store::new(EndpointSliceKind::RESOURCE);
+        let nodes = Store::new(NodeKind::RESOURCE);
+        let c = controllers;
+        let all: [(bool, Arc<dyn StoreHandle>); 5] = [
+            (ServiceKind::needed(c), Arc::new(services.clone())),
+            (PodKind::needed(c), Arc::new(pods.clone())),
+            (EndpointsKind::needed(c), Arc::new(endpoints.clone())),
+            (EndpointSliceKind::needed(c), Arc::new(slices.clone())),
+            (NodeKind::needed(c), Arc::new(nodes.clone())),
+        ];
+        let watched = all
+            .into_iter()
+            .filter_map(|(needed, store)| needed.then_some(store))
+            .collect();
         Self {
-            services: Store::new(ServiceKind::RESOURCE),
-            pods: Store::new(PodKind::RESOURCE),
-            endpoints: Store::new(EndpointsKind::RESOURCE),
-            slices: Store::new(EndpointSliceKind::RESOURCE),
-            nodes: Store::new(NodeKind::RESOURCE),
+            services,
+            pods,
+            endpoints,
+            slices,
+            nodes,
             controllers,
+            watched,
         }
     }
 
     /// Every cache that is watched, whatever its object type.
     pub fn watched(&self) -> Vec<Arc<dyn StoreHandle>> {
-        let c = self.controllers;
-        let all: [(bool, Arc<dyn StoreHandle>); 5] = [
-            (ServiceKind::needed(c), Arc::new(self.services.clone())),
-            (PodKind::needed(c), Arc::new(self.pods.clone())),
-            (EndpointsKind::needed(c), Arc::new(self.endpoints.clone())),
-            (EndpointSliceKind::needed(c), Arc::new(self.slices.clone())),
-            (NodeKind::needed(c), Arc::new(self.nodes.clone())),
-        ];
-        all.into_iter()
-            .filter_map(|(needed, store)| needed.then_some(store))
-            .collect()
+        self.watched.to_vec()
     }
 
     /// The `synced` signal of every cache that is watched.
     pub fn synced_signals(&self) -> Vec<watch::Receiver<bool>> {
-        self.watched().iter().map(|store| store.synced()).collect()
+        self.watched.iter().map(|store| store.synced()).collect()
     }
 
     /// Whether every watched cache holds a complete consistent list.
     pub fn synced(&self) -> bool {
-        self.synced_signals().iter().all(|s| *s.borrow())
+        self.watched.iter().all(|store| store.is_synced())
     }
 
     /// Resolves once every watched cache holds a complete consistent list (at
     /// once if they do; pends while one is being listed again after a store
     /// rewind).
     pub async fn wait_synced(&self) {
-        for mut synced in self.synced_signals() {
-            if synced.wait_for(|s| *s).await.is_err() {
+        for store in self.watched.iter().filter(|store| !store.is_synced()) {
+            if store.synced().wait_for(|s| *s).await.is_err() {
                 std::future::pending::<()>().await;
             }
         }

@@ -247,16 +247,19 @@ impl<T: Cached> Cache<T> {
     ) -> Outcome<T> {
         let observed_rv = Some(last.resource_version().to_owned());
         let last_known = Arc::new(last);
-        self.put_tombstone(key, last_known.clone(), observed_rv, source);
+        self.put_tombstone(key, last_known.clone(), observed_rv, source, false);
         Outcome::Applied(Change::DeletionCandidate(last_known))
     }
 
+    /// `before_rewind`: made by a list that started the cache over (see
+    /// [`Tombstone::before_rewind`]).
     pub(super) fn put_tombstone(
         &mut self,
         key: ObjectKey,
         last_known: Arc<T>,
         observed_rv: Option<String>,
         source: DeletionSource,
+        before_rewind: bool,
     ) {
         self.drop_live(&key);
         let born = self.tick;
@@ -267,7 +270,7 @@ impl<T: Cached> Cache<T> {
                 observed_rv,
                 source,
                 born,
-                before_rewind: false,
+                before_rewind,
             },
         );
     }

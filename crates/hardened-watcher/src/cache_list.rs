@@ -214,16 +214,12 @@ impl<T: Cached> Cache<T> {
                 continue;
             }
             self.put_tombstone(
-                key.clone(),
+                key,
                 cur.clone(),
                 Some(list_rv.to_owned()),
                 DeletionSource::MissingFromList,
+                mode == ListMode::Rewind,
             );
-            if mode == ListMode::Rewind
-                && let Some(tomb) = self.tombstones.get_mut(&key)
-            {
-                tomb.before_rewind = true;
-            }
             diff.deletion_candidates += 1;
             diff.changes.push(Change::DeletionCandidate(cur));
         }

@@ -222,6 +222,8 @@ impl<T: Cached> Store<T> {
 pub trait StoreHandle: Send + Sync {
     /// See [`Store::resource`].
     fn resource(&self) -> &'static str;
+    /// See [`Store::is_synced`].
+    fn is_synced(&self) -> bool;
     /// See [`Store::synced`].
     fn synced(&self) -> watch::Receiver<bool>;
     /// See [`Store::rewinds`].
@@ -233,6 +235,10 @@ pub trait StoreHandle: Send + Sync {
 impl<T: Cached> StoreHandle for Store<T> {
     fn resource(&self) -> &'static str {
         Store::resource(self)
+    }
+
+    fn is_synced(&self) -> bool {
+        Store::is_synced(self)
     }
 
     fn synced(&self) -> watch::Receiver<bool> {
