@@ -7,6 +7,7 @@
 #   make parity        full differential tests against kube-controller-manager (Endpoints, EndpointSlices)
 #   make chaos         watch-chaos scenario matrix: endpoints-guard vs kube-controller-manager
 #   make bench         endpoints-guard vs kube-controller-manager (SIZE=S|M|L) → target/bench/
+#   make image-smoke   the runtime image under Docker, as the chart runs it, on the local control plane
 #
 # The control plane programs are built from Go modules (tests/controlplane/); set
 # KUBEBUILDER_ASSETS or EG_KUBE_APISERVER / EG_KUBE_CONTROLLER_MANAGER / EG_ETCD / EG_HELM /
@@ -82,7 +83,7 @@ clean:
 	$(CARGO) clean
 
 # --- deployment: chart, plain manifests, kind e2e -------------------------------
-.PHONY: deploy-manifests e2e-kind lint-shell
+.PHONY: deploy-manifests e2e-kind image-smoke lint-shell
 
 # Renders deploy/ from charts/endpoints-guard (tests/chart.rs fails on drift).
 deploy-manifests: controlplane
@@ -92,6 +93,14 @@ deploy-manifests: controlplane
 # controller, image built and loaded, chart installed with the watch-chaos sidecar.
 e2e-kind: controlplane
 	bash hack/e2e-kind.sh run
+
+# The runtime image assembled from the release binaries and their shared libraries on
+# an empty base (no image can be pulled here), run by Docker with the chart's security
+# settings against the local control plane (see docs/image-smoke.md). Skips, exit 0,
+# without Docker; not part of `make test`.
+image-smoke: controlplane
+	$(CARGO) build --release $(RELEASE_BINS)
+	CARGO=$(CARGO) bash hack/image-smoke.sh
 
 # shellcheck on hack/ (installs it with apt-get when missing, as root).
 lint-shell:

@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# make image-smoke: the runtime stage of the Dockerfile, assembled from what is on
+# this machine (no image can be pulled), run under the chart's security settings
+# against the local control plane. See docs/image-smoke.md.
+#
+# 1. Assembles an image FROM scratch: target/release/endpoints-guard and
+#    target/release/watch-chaos, the shared libraries `ldd` lists for them and the
+#    dynamic loader at their paths, /etc/passwd and /etc/group naming uid/gid 65532
+#    (distroless "nonroot"); USER 65532:65532, EXPOSE 8080, the same ENTRYPOINT.
+# 2. Runs tests/image_smoke.rs (EG_IMAGE_SMOKE=1), which starts the control plane,
+#    applies the chart's RBAC, and runs the image with --read-only, --user
+#    65532:65532, --cap-drop ALL, --security-opt no-new-privileges on the host
+#    network, a ServiceAccount token mounted where in-cluster config reads it.
+#
+# Skips (exit 0) when Docker is absent or no daemon can be reached; as root with
+# Debian's docker.io installed, starts dockerd itself (and stops it at the end).
+#
+# Environment:
+#   IMAGE          tag to build and test (default endpoints-guard:smoke); removed at the end
+#   KEEP_IMAGE=1   keep the image
+#   CARGO          cargo binary (default cargo)
+set -euo pipefail
+# shellcheck source=lib.sh
+. "$(dirname "$0")/lib.sh"
+
+image=${IMAGE:-endpoints-guard:smoke}
+cargo=${CARGO:-cargo}
+work="$root/target/image-smoke"
+context="$work/context"
+dockerd_pid=
+
+log() { echo "image-smoke: $*" >&2; }
+skip() {
+  log "skipped: $*"
+  exit 0
+}
+now() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1fs", b - a }'; }
+
+cleanup() {
+  if [ "${KEEP_IMAGE:-0}" != 1 ]; then
+    docker rmi -f "$image" >/dev/null 2>&1 || true
+  fi
+  rm -rf "$context"
+  if [ -n "$dockerd_pid" ]; then
+    log "stopping the dockerd this script started (pid $dockerd_pid)"
+    kill "$dockerd_pid" 2>/dev/null || true
+    wait "$dockerd_pid" 2>/dev/null || true
+  fi
+}
+
+# A reachable Docker daemon, or skip. As root, with dockerd installed, starts one.
+ensure_docker() {
+  command -v docker >/dev/null ||
+    skip "docker not found (Debian/Ubuntu: apt-get install docker.io); 'make e2e-kind' on a real cluster also needs it"
+  if docker info >/dev/null 2>&1; then
+    return
+  fi
+  if [ "$(id -u)" != 0 ] || ! command -v dockerd >/dev/null; then
+    skip "docker is installed but no daemon is reachable (start dockerd, or run as root with dockerd installed)"
+  fi
+  mkdir -p "$work"
+  log "no Docker daemon running: starting dockerd (log: $work/dockerd.log)"
+  dockerd >"$work/dockerd.log" 2>&1 &
+  dockerd_pid=$!
+  local i
+  for ((i = 0; i < 60; i++)); do
+    if docker info >/dev/null 2>&1; then
+      return
+    fi
+    if ! kill -0 "$dockerd_pid" 2>/dev/null; then
+      dockerd_pid=
+      tail -n 20 "$work/dockerd.log" >&2
+      skip "dockerd exited at start-up (log above: $work/dockerd.log)"
+    fi
+    sleep 0.5
+  done
+  tail -n 20 "$work/dockerd.log" >&2
+  die "dockerd started but did not answer within 30s (log: $work/dockerd.log)"
+}
+
+# Copies FILE into the context's root file system at the same path, following
+# symlinks (the libraries are symlinks to versioned files on Debian).
+copy_in() {
+  mkdir -p "$context/rootfs$(dirname "$1")"
+  cp -L "$1" "$context/rootfs$1"
+}
+
+# The shared libraries and the loader BINARY needs, as absolute paths.
+libraries() {
+  local deps
+  deps=$(ldd "$1") || die "ldd $1 failed"
+  if grep -q 'not found' <<<"$deps"; then
+    die "ldd $1: a library is missing: $deps"
+  fi
+  # "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)" and
+  # "/lib64/ld-linux-x86-64.so.2 (0x...)"; linux-vdso has no file.
+  awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' <<<"$deps"
+}
+
+assemble() {
+  local bin lib
+  rm -rf "$context"
+  mkdir -p "$context/rootfs/usr/local/bin" "$context/rootfs/etc"
+  for bin in endpoints-guard watch-chaos; do
+    [ -x "$root/target/release/$bin" ] ||
+      die "target/release/$bin is missing: run 'cargo build --release -p endpoints-guard -p watch-chaos --bins' (make image-smoke does)"
+    cp "$root/target/release/$bin" "$context/rootfs/usr/local/bin/$bin"
+  done
+  for lib in $(for bin in endpoints-guard watch-chaos; do libraries "$root/target/release/$bin"; done | sort -u); do
+    copy_in "$lib"
+  done
+  # As in distroless: root, and nonroot with uid/gid 65532.
+  printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' \
+    >"$context/rootfs/etc/passwd"
+  printf 'root:x:0:\nnonroot:x:65532:\n' >"$context/rootfs/etc/group"
+  # The runtime stage of the Dockerfile, on an empty base.
+  cat >"$context/Dockerfile" <<'EOF'
+FROM scratch
+COPY rootfs/ /
+USER 65532:65532
+EXPOSE 8080
+ENTRYPOINT ["/usr/local/bin/endpoints-guard"]
+EOF
+  log "image contents:"
+  (cd "$context/rootfs" && find . -type f -printf '  /%P %s bytes\n' | sort) >&2
+}
+
+main() {
+  local start step out
+  start=$(now)
+  ensure_docker
+  trap cleanup EXIT
+  log "docker: client $(docker version -f '{{.Client.Version}}' 2>/dev/null), server $(docker version -f '{{.Server.Version}}' 2>/dev/null)"
+
+  step=$(now)
+  assemble
+  # The legacy builder (no buildx here) is enough for COPY into scratch; its
+  # deprecation notice is noise, so output is shown only on failure.
+  if ! out=$(docker build -t "$image" "$context" 2>&1); then
+    echo "$out" >&2
+    die "docker build failed"
+  fi
+  log "built $image ($(docker image inspect -f '{{.Size}}' "$image") bytes, user $(docker image inspect -f '{{.Config.User}}' "$image")) in $(since "$step")"
+
+  # The loader, libraries and binary work together under the chart's settings.
+  local version
+  version=$(docker run --rm --network none --read-only --user 65532:65532 --cap-drop ALL \
+    --security-opt no-new-privileges "$image" --version) || die "the image does not run: $version"
+  log "docker run $image --version: $version"
+
+  step=$(now)
+  log "running: EG_IMAGE_SMOKE=1 EG_IMAGE_SMOKE_IMAGE=$image $cargo test --test image_smoke -- --nocapture"
+  (cd "$root" && EG_IMAGE_SMOKE=1 EG_IMAGE_SMOKE_IMAGE="$image" "$cargo" test --test image_smoke -- --nocapture)
+  log "cargo test --test image_smoke took $(since "$step")"
+  log "passed in $(since "$start")"
+}
+
+main "$@"
