@@ -21,7 +21,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use common::Guard;
 use eg_testsupport::binaries::workspace_root;
-use eg_testsupport::chaos::{Observer, Row, watch_convergence, write_report};
+use eg_testsupport::chaos::{Observer, Published, Row, watch_convergence, write_report};
 use eg_testsupport::{
     ControlPlane, ControlPlaneOptions, PodBuilder, PodStatusSpec, ServiceBuilder,
 };
@@ -33,8 +33,16 @@ use serde_json::json;
 
 const NS: &str = "chaos";
 
-const FAST: [&str; 2] = ["failure-a-delete-oldest-service", "lost-pod-delete"];
-const FULL: [&str; 14] = [
+/// The prefix of a row that reads EndpointSlices (the controllers run their
+/// EndpointSlice controller alone).
+const SLICES: &str = "slices/";
+
+const FAST: [&str; 3] = [
+    "failure-a-delete-oldest-service",
+    "lost-pod-delete",
+    "slices/failure-a-old-delete-of-live-pod",
+];
+const FULL: [&str; 20] = [
     "failure-a-delete-oldest-service",
     "failure-a-old-delete-of-live-service",
     "failure-b-compaction-and-prevkv-nil",
@@ -49,6 +57,12 @@ const FULL: [&str; 14] = [
     "watch-cache-lost-pod-delete",
     "endpoints-writes-denied-past-retries",
     "bare-404-on-get",
+    "slices/lost-pod-delete",
+    "slices/reordered-service-updates",
+    "slices/failure-a-delete-oldest-service",
+    "slices/failure-a-old-delete-of-live-pod",
+    "slices/failure-b-compaction-and-prevkv-nil",
+    "slices/apiserver-restart",
 ];
 
 /// How long a row is watched after its fault began: longer where the fault
@@ -61,7 +75,11 @@ fn window(name: &str, default: Duration) -> Duration {
     }
 }
 
-async fn run(name: &str, which: Which, window: Duration) -> Result<Row> {
+async fn run(row: &str, which: Which, window: Duration) -> Result<Row> {
+    let (published, name) = match row.strip_prefix(SLICES) {
+        Some(name) => (Published::EndpointSlices, name),
+        None => (Published::Endpoints, row),
+    };
     let mut options = ControlPlaneOptions::default();
     if name.starts_with("failure-b") {
         options = options.apiserver_arg("--watch-cache=false");
@@ -69,15 +87,16 @@ async fn run(name: &str, which: Which, window: Duration) -> Result<Row> {
     if name == "watch-cache-lost-pod-delete" {
         options = options.with_etcd_fault_proxy();
     }
-    let mut env = Env::new(which, options).await?;
+    let mut env = Env::new(which, published, options).await?;
     if name.starts_with("stale-rv0") {
         // kube-controller-manager 1.36 starts its informers with a watch-list
         // (sendInitialEvents, RV unset: consistent); with the gate off it makes
         // the classic LIST at resourceVersion=0 that a stale cache answers.
         env.kcm_args.push("--feature-gates=WatchListClient=false");
     }
-    env.observer = Some(Observer::start(&env.cp.client(), NS));
+    env.observer = Some(Observer::start_for(&env.cp.client(), NS, published));
     let (fault, expected) = scenario(name, &mut env).await?;
+    let expected = expected.read_from(published);
     let (converged, seconds, problem) =
         watch_convergence(&env.cp.client(), NS, &expected, fault, window).await;
     let spurious = env
@@ -87,7 +106,7 @@ async fn run(name: &str, which: Which, window: Duration) -> Result<Row> {
         .unwrap_or_default();
     let stats = env.proxy.get("/stats").await.unwrap_or_default();
     eprintln!(
-        "{name} / {}: spurious {spurious:?}, converged {converged} in {seconds:.1}s {problem:?}; prevented {}; {}; proxy {}",
+        "{row} / {}: spurious {spurious:?}, converged {converged} in {seconds:.1}s {problem:?}; prevented {}; {}; proxy {}",
         which.name(),
         env.prevented(),
         env.findings(),
@@ -96,7 +115,11 @@ async fn run(name: &str, which: Which, window: Duration) -> Result<Row> {
     let mut notes = Vec::new();
     if !spurious.is_empty() {
         notes.push(format!(
-            "deleted while the Service existed: {}",
+            "{} while the Service existed: {}",
+            match published {
+                Published::Endpoints => "deleted",
+                Published::EndpointSlices => "removed from its slices",
+            },
             spurious.join(", ")
         ));
     }
@@ -105,7 +128,7 @@ async fn run(name: &str, which: Which, window: Duration) -> Result<Row> {
     }
     env.stop_controller().await;
     Ok(Row {
-        name: name.to_string(),
+        name: row.to_string(),
         controller: which.name().to_string(),
         spurious_deletions: spurious.len(),
         converged,
@@ -168,7 +191,9 @@ async fn chaos_matrix() {
                 "endpoints-guard deleted Endpoints of a live Service: {row:?}"
             );
             assert!(row.converged, "endpoints-guard did not converge: {row:?}");
-        } else if row.name.starts_with("failure-a") {
+        } else if row.name.starts_with("failure-a")
+            || row.name == "slices/failure-a-old-delete-of-live-pod"
+        {
             assert!(
                 row.spurious_deletions > 0,
                 "failure A did not bite upstream, so it proves nothing: {row:?}"
@@ -241,7 +266,12 @@ async fn failed_write_event_is_published_even_for_long_errors() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn audit_mode_observes_upstream_deleting_endpoints_of_live_service() -> Result<()> {
     let started = std::time::Instant::now();
-    let mut env = Env::new(Which::Kcm, ControlPlaneOptions::default()).await?;
+    let mut env = Env::new(
+        Which::Kcm,
+        Published::Endpoints,
+        ControlPlaneOptions::default(),
+    )
+    .await?;
     let observer = Observer::start(&env.cp.client(), NS);
     env.start_controller().await?;
     env.service_with_pod("long", "10.1.0.1").await?;

@@ -4,11 +4,11 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use eg_testsupport::chaos::{ChaosProxy, Expected, Observer};
+use eg_testsupport::chaos::{ChaosProxy, Expected, Observer, Published};
 use eg_testsupport::{ControlPlane, ControlPlaneOptions, Process};
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Node, Service};
 use kube::Api;
-use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use super::NS;
@@ -38,6 +38,9 @@ pub struct Env {
     pub cp: ControlPlane,
     pub proxy: ChaosProxy,
     pub which: Which,
+    /// Which of its two controllers runs: the one for Endpoints or for
+    /// EndpointSlices.
+    pub published: Published,
     pub controller: Option<Controller>,
     /// Extra kube-controller-manager flags.
     pub kcm_args: Vec<&'static str>,
@@ -48,7 +51,11 @@ pub struct Env {
 }
 
 impl Env {
-    pub async fn new(which: Which, options: ControlPlaneOptions) -> Result<Self> {
+    pub async fn new(
+        which: Which,
+        published: Published,
+        options: ControlPlaneOptions,
+    ) -> Result<Self> {
         let cp = ControlPlane::start(options).await?;
         let proxy = ChaosProxy::start(
             &cp,
@@ -57,10 +64,20 @@ impl Env {
         )
         .await?;
         cp.create_namespace(NS).await?;
+        if published == Published::EndpointSlices {
+            // The scenarios' pods run on node-a; both EndpointSlice
+            // controllers leave out pods on a Node that does not exist.
+            let node: Node = serde_json::from_value(json!({"metadata": {"name": "node-a"}}))?;
+            Api::<Node>::all(cp.client())
+                .create(&PostParams::default(), &node)
+                .await
+                .context("creating Node node-a")?;
+        }
         Ok(Self {
             cp,
             proxy,
             which,
+            published,
             controller: None,
             kcm_args: Vec::new(),
             guard_args: Vec::new(),
@@ -86,6 +103,9 @@ impl Env {
         self.controller = Some(match self.which {
             Which::Guard => {
                 let mut args = vec!["--resync-interval", "10s"];
+                if self.published == Published::EndpointSlices {
+                    args.push("--controllers=endpointslices");
+                }
                 args.extend(self.guard_args.iter().copied());
                 Controller::Guard(Guard::start(self.proxy.client().await?, &args).await?)
             }
@@ -96,10 +116,16 @@ impl Env {
                     "--kube-api-content-type=application/json",
                 ];
                 args.extend(self.kcm_args.iter().copied());
-                Controller::Kcm(
-                    self.cp
-                        .start_controller_manager("endpoints-controller", &args)?,
-                )
+                // Upstream's slice controller leaves the slices of a deleted
+                // Service to the garbage collector (owner references), which
+                // runs beside it in every cluster.
+                let controllers = match self.published {
+                    Published::Endpoints => "endpoints-controller",
+                    Published::EndpointSlices => {
+                        "endpointslice-controller,garbage-collector-controller"
+                    }
+                };
+                Controller::Kcm(self.cp.start_controller_manager(controllers, &args)?)
             }
         });
         Ok(())
@@ -179,6 +205,8 @@ impl Env {
     /// Waits until the namespace matches `expected` (before a fault).
     pub async fn settle(&self, expected: &Expected) -> Result<()> {
         expected
+            .clone()
+            .read_from(self.published)
             .wait(
                 &self.cp.client(),
                 NS,

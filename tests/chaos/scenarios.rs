@@ -74,6 +74,23 @@ pub async fn scenario(name: &str, env: &mut Env) -> Result<(Instant, Expected)> 
                     .absent("y"),
             ))
         }
+        // Failure A on command for pods: an old DELETE of the live pod a-0
+        // (its old RV), then the pod history replayed from that RV, which
+        // holds no later version of a-0.
+        "failure-a-old-delete-of-live-pod" => {
+            env.service_with_pod("a", "10.1.0.1").await?;
+            env.pod("a-1", "a", "10.1.0.2", true).await?;
+            let expected = Expected::default().service("a", &["10.1.0.1", "10.1.0.2"]);
+            env.settle(&expected).await?;
+            let fault = Instant::now();
+            env.proxy
+                .post(
+                    "/actions/replay-old-delete",
+                    json!({"resource": "pods", "namespace": NS, "name": "a-0", "pace_ms": 400}),
+                )
+                .await?;
+            Ok((fault, expected))
+        }
         "lost-service-delete" => {
             env.service_with_pod("a", "10.1.0.1").await?;
             env.service_with_pod("x", "10.1.9.1").await?;
@@ -196,6 +213,30 @@ pub async fn scenario(name: &str, env: &mut Env) -> Result<(Instant, Expected)> 
 /// How a scenario hurts upstream when it does, and why it may not.
 pub fn note(name: &str) -> (&'static str, &'static str) {
     match name {
+        "slices/lost-pod-delete" => (
+            "the deleted pod stays an endpoint in the slices: upstream never re-reads the API",
+            "the delete reached the controller another way",
+        ),
+        "slices/reordered-service-updates" => (
+            "the older selector (matching no pod) arrives last; upstream empties the slices of a Service with a ready pod",
+            "the two updates were not swapped",
+        ),
+        "slices/failure-a-delete-oldest-service" => (
+            "the replayed history of b reaches the slices of the live b",
+            "upstream's slice controller deletes no slice when a Service leaves its cache (the garbage collector does, after a live read of the owner), and the replayed ADDED of b's earlier incarnation is followed by its DELETE and the live b",
+        ),
+        "slices/failure-a-old-delete-of-live-pod" => (
+            "the live pod's endpoint leaves the slice on the old DELETE; the replay never brings the pod back, so it stays out",
+            "the old DELETE did not reach the controller",
+        ),
+        "slices/failure-b-compaction-and-prevkv-nil" => (
+            "a delete was lost across the compaction",
+            "client-go relists on 410 and on the 500 with a consistent LIST, and learns both deletes",
+        ),
+        "slices/apiserver-restart" => (
+            "an event was lost across the restart",
+            "both resume (or relist) after the restart; the time is mostly the restart itself",
+        ),
         "failure-a-delete-oldest-service" => (
             "the replayed DELETE of an earlier incarnation of b deletes the Endpoints of the live b; re-created on the replayed ADDED",
             "the API server no longer held the history to replay",

@@ -3,7 +3,17 @@
 //! proxy) to count spurious Endpoints deletions, and check convergence.
 
 mod observer;
+mod slice_observer;
 pub use observer::Observer;
+pub use slice_observer::SERVICE_NAME_LABEL;
+
+/// What a controller publishes for a Service, and so what a chaos row reads.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Published {
+    #[default]
+    Endpoints,
+    EndpointSlices,
+}
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -11,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 use k8s_openapi::api::core::v1::{Endpoints, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
 use serde_json::Value;
@@ -119,6 +130,8 @@ pub async fn http_json(port: u16, method: &str, path: &str, body: Option<Value>)
 pub struct Expected {
     pub ready: BTreeMap<String, BTreeSet<String>>,
     pub absent: BTreeSet<String>,
+    /// Read from Endpoints or from EndpointSlices.
+    pub published: Published,
 }
 
 impl Expected {
@@ -132,6 +145,12 @@ impl Expected {
 
     pub fn absent(mut self, name: &str) -> Self {
         self.absent.insert(name.to_string());
+        self
+    }
+
+    /// The same expectations, read from what `published` names.
+    pub fn read_from(mut self, published: Published) -> Self {
+        self.published = published;
         self
     }
 
@@ -160,28 +179,65 @@ impl Expected {
 
     /// `Ok(None)` when the namespace matches, else what differs.
     pub async fn check(&self, client: &Client, namespace: &str) -> Result<Option<String>> {
-        let api: Api<Endpoints> = Api::namespaced(client.clone(), namespace);
-        let all = api.list(&ListParams::default()).await?;
-        let got: BTreeMap<String, BTreeSet<String>> = all
-            .items
-            .iter()
-            .map(|ep| (ep.name_any(), crate::ready_ips(ep).into_iter().collect()))
-            .collect();
+        let got = published_ready_ips(client, namespace, self.published).await?;
+        let what = match self.published {
+            Published::Endpoints => "Endpoints",
+            Published::EndpointSlices => "EndpointSlices",
+        };
         let mut wrong = Vec::new();
         for (name, ips) in &self.ready {
             match got.get(name) {
-                None => wrong.push(format!("{name}: no Endpoints")),
+                None => wrong.push(format!("{name}: no {what}")),
                 Some(have) if have != ips => wrong.push(format!("{name}: {have:?} != {ips:?}")),
                 _ => {}
             }
         }
         for name in &self.absent {
             if got.contains_key(name) {
-                wrong.push(format!("{name}: Endpoints of a deleted Service remain"));
+                wrong.push(format!("{name}: {what} of a deleted Service remain"));
             }
         }
         Ok((!wrong.is_empty()).then(|| wrong.join("; ")))
     }
+}
+
+/// Service name → ready addresses, read from the Endpoints of `namespace` or
+/// from its EndpointSlices (the union over each Service's slices; a Service
+/// with only empty slices maps to an empty set).
+async fn published_ready_ips(
+    client: &Client,
+    namespace: &str,
+    published: Published,
+) -> Result<BTreeMap<String, BTreeSet<String>>> {
+    let params = ListParams::default();
+    Ok(match published {
+        Published::Endpoints => Api::<Endpoints>::namespaced(client.clone(), namespace)
+            .list(&params)
+            .await?
+            .items
+            .iter()
+            .map(|ep| (ep.name_any(), crate::ready_ips(ep).into_iter().collect()))
+            .collect(),
+        Published::EndpointSlices => {
+            let mut got: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+            let slices = Api::<EndpointSlice>::namespaced(client.clone(), namespace)
+                .list(&params)
+                .await?;
+            for slice in &slices.items {
+                let Some(service) = slice.labels().get(SERVICE_NAME_LABEL) else {
+                    continue;
+                };
+                let ready = slice
+                    .endpoints
+                    .iter()
+                    .flatten()
+                    .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) != Some(false))
+                    .flat_map(|e| e.addresses.iter().cloned());
+                got.entry(service.clone()).or_default().extend(ready);
+            }
+            got
+        }
+    })
 }
 
 /// The history failure A replays, in namespace `ns`: Service `long` (the

@@ -10,6 +10,9 @@ use kube::api::{ListParams, WatchEvent, WatchParams};
 use kube::{Api, Client, Resource, ResourceExt};
 use tokio::task::JoinHandle;
 
+use super::Published;
+use super::slice_observer::{self, History};
+
 #[derive(Debug, Clone)]
 struct Seen {
     kind: &'static str,
@@ -23,11 +26,14 @@ struct Seen {
     relisted: bool,
 }
 
-/// Watches Services and Endpoints of one namespace directly against
-/// kube-apiserver and records every change with its resourceVersion.
+/// Watches one namespace directly against kube-apiserver and records every
+/// change with its resourceVersion: Services and Endpoints, or (for
+/// EndpointSlices) Services, pods and slices.
 pub struct Observer {
     client: Client,
     namespace: String,
+    published: Published,
+    slices: Arc<Mutex<History>>,
     services: Arc<Mutex<Vec<Seen>>>,
     endpoints: Arc<Mutex<Vec<Seen>>>,
     epoch: u64,
@@ -50,7 +56,21 @@ fn rv_of<K: Resource>(obj: &K) -> u64 {
         .unwrap_or(0)
 }
 
-async fn observe<K>(api: Api<K>, log: Arc<Mutex<Vec<Seen>>>, epoch: u64)
+/// One change a direct watch saw: `obj` is `None` for a deletion found by a
+/// relist (the object is gone, only its name is known).
+pub(super) struct Change<K> {
+    pub kind: &'static str,
+    pub name: String,
+    pub rv: u64,
+    /// Learnt from a relist rather than an event (time only known roughly).
+    pub relisted: bool,
+    pub obj: Option<K>,
+}
+
+/// Lists, then watches `api` for good, relisting after a watch error; hands
+/// every ADDED, MODIFIED and DELETED to `sink` with its resourceVersion (a
+/// relist's differences carry the list's RV).
+pub(super) async fn observe<K>(api: Api<K>, mut sink: impl FnMut(Change<K>) + Send)
 where
     K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
 {
@@ -73,30 +93,27 @@ where
             .iter()
             .map(|o| (o.name_any(), o.uid().unwrap_or_default()))
             .collect();
-        {
-            let mut log = log.lock().unwrap_or_else(|e| e.into_inner());
-            for (name, uid) in &live {
-                if now.get(name) != Some(uid) && !first {
-                    log.push(Seen {
-                        kind: "DELETED",
-                        key: name.clone(),
-                        epoch,
-                        rv: list_rv,
-                        relisted: true,
-                    });
-                }
+        for (name, uid) in &live {
+            if now.get(name) != Some(uid) && !first {
+                sink(Change {
+                    kind: "DELETED",
+                    name: name.clone(),
+                    rv: list_rv,
+                    relisted: true,
+                    obj: None,
+                });
             }
-            for (name, uid) in &now {
-                if live.get(name) != Some(uid) {
-                    let rv = if first { 0 } else { list_rv };
-                    log.push(Seen {
-                        kind: "ADDED",
-                        key: name.clone(),
-                        epoch,
-                        rv,
-                        relisted: !first,
-                    });
-                }
+        }
+        for obj in list.items {
+            let name = obj.name_any();
+            if live.get(&name).map(String::as_str) != obj.uid().as_deref() {
+                sink(Change {
+                    kind: "ADDED",
+                    name,
+                    rv: if first { 0 } else { list_rv },
+                    relisted: !first,
+                    obj: Some(obj),
+                });
             }
         }
         first = false;
@@ -125,23 +142,18 @@ where
                 };
                 rv = obj.resource_version().unwrap_or_default();
                 let name = obj.name_any();
-                match kind {
-                    "DELETED" => {
-                        live.remove(&name);
-                    }
-                    _ => {
-                        live.insert(name.clone(), obj.uid().unwrap_or_default());
-                    }
+                if kind == "DELETED" {
+                    live.remove(&name);
+                } else {
+                    live.insert(name.clone(), obj.uid().unwrap_or_default());
                 }
-                if kind != "MODIFIED" {
-                    log.lock().unwrap_or_else(|e| e.into_inner()).push(Seen {
-                        kind,
-                        key: name,
-                        epoch,
-                        rv: rv_of(&obj),
-                        relisted: false,
-                    });
-                }
+                sink(Change {
+                    kind,
+                    name,
+                    rv: rv_of(&obj),
+                    relisted: false,
+                    obj: Some(obj),
+                });
             }
             if relist {
                 break;
@@ -151,12 +163,34 @@ where
     }
 }
 
+/// A sink that keeps the ADDED and DELETED of a watch in `log`.
+fn births_and_deaths<K>(log: Arc<Mutex<Vec<Seen>>>, epoch: u64) -> impl FnMut(Change<K>) + Send {
+    move |change| {
+        if change.kind != "MODIFIED" {
+            log.lock().unwrap_or_else(|e| e.into_inner()).push(Seen {
+                kind: change.kind,
+                key: change.name,
+                epoch,
+                rv: change.rv,
+                relisted: change.relisted,
+            });
+        }
+    }
+}
+
 impl Observer {
     /// Starts watching `namespace` through `client` (a direct client).
     pub fn start(client: &Client, namespace: &str) -> Self {
+        Self::start_for(client, namespace, Published::Endpoints)
+    }
+
+    /// Starts watching what `published` needs in `namespace`.
+    pub fn start_for(client: &Client, namespace: &str, published: Published) -> Self {
         let mut observer = Self {
             client: client.clone(),
             namespace: namespace.to_string(),
+            published,
+            slices: Arc::default(),
             services: Arc::new(Mutex::new(Vec::new())),
             endpoints: Arc::new(Mutex::new(Vec::new())),
             epoch: 0,
@@ -171,16 +205,18 @@ impl Observer {
             task.abort();
         }
         let (client, ns) = (&self.client, &self.namespace);
+        if self.published == Published::EndpointSlices {
+            self.tasks = slice_observer::spawn(client, ns, self.epoch, &self.slices);
+            return;
+        }
         self.tasks = vec![
             tokio::spawn(observe(
                 Api::<Service>::namespaced(client.clone(), ns),
-                self.services.clone(),
-                self.epoch,
+                births_and_deaths(self.services.clone(), self.epoch),
             )),
             tokio::spawn(observe(
                 Api::<Endpoints>::namespaced(client.clone(), ns),
-                self.endpoints.clone(),
-                self.epoch,
+                births_and_deaths(self.endpoints.clone(), self.epoch),
             )),
         ];
     }
@@ -203,8 +239,17 @@ impl Observer {
     }
 
     /// Endpoints DELETEs (seen as events, or as a changed UID after a relist)
-    /// at a resourceVersion at which their Service existed.
+    /// at a resourceVersion at which their Service existed; for
+    /// EndpointSlices, every endpoint removed while its Service selected a
+    /// live pod with that address ([`History::removals`]).
     pub fn spurious_deletions(&self) -> Vec<String> {
+        if self.published == Published::EndpointSlices {
+            return self
+                .slices
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .removals();
+        }
         let services = self
             .services
             .lock()

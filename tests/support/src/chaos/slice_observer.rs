@@ -1,0 +1,314 @@
+//! The direct watches of the EndpointSlice rows. A slice row is hurt when an
+//! endpoint leaves the EndpointSlices of a Service at a resourceVersion at
+//! which that Service existed and selected a live pod with that address:
+//! the traffic of a live pod lost on a cache's word. Services, pods and
+//! slices are watched straight from kube-apiserver (one etcd, one revision
+//! order), their histories kept, and judged afterwards by [`History::removals`].
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+
+use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::{Api, Client};
+use tokio::task::JoinHandle;
+
+use super::observer::{Change, observe};
+
+/// The label that ties a slice to its Service.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+type Labels = BTreeMap<String, String>;
+
+/// One version of an object at `rv` of `epoch`; `state` is `None` once it is
+/// gone.
+#[derive(Debug, Clone)]
+struct Version<T> {
+    name: String,
+    epoch: u64,
+    rv: u64,
+    relisted: bool,
+    state: Option<T>,
+}
+
+/// A live pod as far as slices go: its labels and IPs (none while it has no
+/// address; terminal pods count as gone, no controller publishes them).
+#[derive(Debug, Clone)]
+struct PodState {
+    labels: Labels,
+    ips: BTreeSet<String>,
+}
+
+/// A slice: the Service it belongs to and every address it lists.
+#[derive(Debug, Clone)]
+struct SliceState {
+    service: String,
+    addresses: BTreeSet<String>,
+}
+
+/// What the watches saw; `removals` judges it.
+#[derive(Debug, Default)]
+pub struct History {
+    /// Service selectors (`None` inside `Some` never happens: a Service
+    /// without a selector is recorded with an empty map that selects nothing
+    /// here, as no controller publishes endpoints for it).
+    services: Vec<Version<Option<Labels>>>,
+    pods: Vec<Version<PodState>>,
+    slices: Vec<Version<SliceState>>,
+}
+
+fn version<K, T>(change: Change<K>, epoch: u64, state: impl FnOnce(&K) -> Option<T>) -> Version<T> {
+    let state = match (&change.obj, change.kind) {
+        (Some(obj), "ADDED" | "MODIFIED") => state(obj),
+        _ => None,
+    };
+    Version {
+        name: change.name,
+        epoch,
+        rv: change.rv,
+        relisted: change.relisted,
+        state,
+    }
+}
+
+fn pod_state(pod: &Pod) -> Option<PodState> {
+    let status = pod.status.as_ref();
+    if matches!(
+        status.and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    ) {
+        return None;
+    }
+    let ips = status
+        .and_then(|s| s.pod_ips.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|ip| ip.ip.clone())
+        .chain(status.and_then(|s| s.pod_ip.clone()))
+        .collect();
+    Some(PodState {
+        labels: pod.metadata.labels.clone().unwrap_or_default(),
+        ips,
+    })
+}
+
+fn slice_state(slice: &EndpointSlice) -> Option<SliceState> {
+    let service = slice.metadata.labels.as_ref()?.get(SERVICE_NAME_LABEL)?;
+    Some(SliceState {
+        service: service.clone(),
+        addresses: slice
+            .endpoints
+            .iter()
+            .flatten()
+            .flat_map(|e| e.addresses.iter().cloned())
+            .collect(),
+    })
+}
+
+fn lock(history: &Mutex<History>) -> std::sync::MutexGuard<'_, History> {
+    history.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Starts the three watches of `namespace` for `epoch`, recording into
+/// `history`.
+pub(super) fn spawn(
+    client: &Client,
+    namespace: &str,
+    epoch: u64,
+    history: &Arc<Mutex<History>>,
+) -> Vec<JoinHandle<()>> {
+    let (services, pods, slices) = (history.clone(), history.clone(), history.clone());
+    vec![
+        tokio::spawn(observe(
+            Api::<Service>::namespaced(client.clone(), namespace),
+            move |change: Change<Service>| {
+                let v = version(change, epoch, |svc: &Service| {
+                    Some(svc.spec.as_ref().and_then(|s| s.selector.clone()))
+                });
+                lock(&services).services.push(v);
+            },
+        )),
+        tokio::spawn(observe(
+            Api::<Pod>::namespaced(client.clone(), namespace),
+            move |change: Change<Pod>| {
+                let v = version(change, epoch, pod_state);
+                lock(&pods).pods.push(v);
+            },
+        )),
+        tokio::spawn(observe(
+            Api::<EndpointSlice>::namespaced(client.clone(), namespace),
+            move |change: Change<EndpointSlice>| {
+                let v = version(change, epoch, slice_state);
+                lock(&slices).slices.push(v);
+            },
+        )),
+    ]
+}
+
+/// The last version of `name` in `epoch` before `rv`.
+fn at<'a, T>(versions: &'a [Version<T>], name: &str, epoch: u64, rv: u64) -> Option<&'a T> {
+    versions
+        .iter()
+        .filter(|v| v.name == name && v.epoch == epoch && v.rv < rv)
+        .max_by_key(|v| v.rv)
+        .and_then(|v| v.state.as_ref())
+}
+
+impl History {
+    /// Whether, at `rv` of `epoch`, Service `service` selected a live pod
+    /// that has `ip`.
+    fn wanted(&self, service: &str, ip: &str, epoch: u64, rv: u64) -> bool {
+        let Some(Some(selector)) = at(&self.services, service, epoch, rv) else {
+            return false;
+        };
+        let pods: BTreeSet<&str> = self.pods.iter().map(|p| p.name.as_str()).collect();
+        pods.into_iter()
+            .filter_map(|name| at(&self.pods, name, epoch, rv))
+            .any(|pod| {
+                pod.ips.contains(ip) && selector.iter().all(|(k, v)| pod.labels.get(k) == Some(v))
+            })
+    }
+
+    /// Every endpoint removed from a Service's slices while that Service
+    /// selected a live pod with its address. An address that leaves one
+    /// slice and is back in the Service's next slice event (moved between
+    /// slices) is not a removal.
+    pub fn removals(&self) -> Vec<String> {
+        let mut events: Vec<&Version<SliceState>> = self.slices.iter().collect();
+        events.sort_by_key(|v| (v.epoch, v.rv));
+        // Replay: each event's Service and the union of its addresses after.
+        let mut slices: BTreeMap<(u64, &str), &SliceState> = BTreeMap::new();
+        let mut unions: Vec<(&Version<SliceState>, String, BTreeSet<String>)> = Vec::new();
+        for v in events {
+            let service = match (&v.state, slices.get(&(v.epoch, v.name.as_str()))) {
+                (Some(now), _) => now.service.clone(),
+                (None, Some(before)) => before.service.clone(),
+                (None, None) => continue,
+            };
+            match &v.state {
+                Some(state) => slices.insert((v.epoch, v.name.as_str()), state),
+                None => slices.remove(&(v.epoch, v.name.as_str())),
+            };
+            let union = slices
+                .iter()
+                .filter(|((epoch, _), s)| *epoch == v.epoch && s.service == service)
+                .flat_map(|(_, s)| s.addresses.iter().cloned())
+                .collect();
+            unions.push((v, service, union));
+        }
+        let mut found = Vec::new();
+        for (i, (v, service, after)) in unions.iter().enumerate() {
+            let same = |(w, s, _): &&(&Version<SliceState>, String, BTreeSet<String>)| {
+                s == service && w.epoch == v.epoch
+            };
+            let before = unions[..i].iter().rev().find(same).map(|(_, _, u)| u);
+            let next = unions[i + 1..].iter().find(same).map(|(_, _, u)| u);
+            for ip in before.into_iter().flat_map(|b| b.difference(after)) {
+                if next.is_some_and(|n| n.contains(ip)) {
+                    continue;
+                }
+                if self.wanted(service, ip, v.epoch, v.rv) {
+                    found.push(format!(
+                        "{ip} left the slices of {service} at rv {}{}",
+                        v.rv,
+                        if v.relisted { " (found by relist)" } else { "" }
+                    ));
+                }
+            }
+        }
+        found
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn svc(name: &str, rv: u64, app: Option<&str>) -> Version<Option<Labels>> {
+        Version {
+            name: name.into(),
+            epoch: 0,
+            rv,
+            relisted: false,
+            state: app.map(|a| Some(Labels::from([("app".to_string(), a.to_string())]))),
+        }
+    }
+
+    fn pod(name: &str, rv: u64, app: &str, ip: Option<&str>) -> Version<PodState> {
+        Version {
+            name: name.into(),
+            epoch: 0,
+            rv,
+            relisted: false,
+            state: ip.map(|ip| PodState {
+                labels: Labels::from([("app".to_string(), app.to_string())]),
+                ips: BTreeSet::from([ip.to_string()]),
+            }),
+        }
+    }
+
+    fn slice(name: &str, rv: u64, service: &str, ips: Option<&[&str]>) -> Version<SliceState> {
+        Version {
+            name: name.into(),
+            epoch: 0,
+            rv,
+            relisted: false,
+            state: ips.map(|ips| SliceState {
+                service: service.into(),
+                addresses: ips.iter().map(|s| s.to_string()).collect(),
+            }),
+        }
+    }
+
+    #[test]
+    fn a_removal_is_wrong_only_while_the_service_selects_a_live_pod_with_that_address() {
+        let history = History {
+            services: vec![
+                svc("a", 1, Some("a")),
+                svc("a", 20, Some("none")),
+                svc("a", 30, Some("a")),
+            ],
+            pods: vec![
+                pod("a-0", 2, "a", Some("10.0.0.1")),
+                pod("a-1", 3, "a", Some("10.0.0.2")),
+                pod("a-1", 10, "a", None),
+            ],
+            slices: vec![
+                slice("a-x", 5, "a", Some(&["10.0.0.1", "10.0.0.2"])),
+                // The deleted pod leaves: right.
+                slice("a-x", 11, "a", Some(&["10.0.0.1"])),
+                // The selector matched nothing at 20: emptying at 21 is right.
+                slice("a-x", 21, "a", Some(&[])),
+                slice("a-x", 31, "a", Some(&["10.0.0.1"])),
+                // Emptied while the selector again matches a-0: wrong.
+                slice("a-x", 40, "a", Some(&[])),
+            ],
+        };
+        assert_eq!(
+            history.removals(),
+            vec!["10.0.0.1 left the slices of a at rv 40"]
+        );
+    }
+
+    #[test]
+    fn a_slice_deleted_while_its_service_lives_is_a_removal_and_a_move_is_not() {
+        let history = History {
+            services: vec![svc("a", 1, Some("a"))],
+            pods: vec![
+                pod("a-0", 2, "a", Some("10.0.0.1")),
+                pod("a-1", 2, "a", Some("10.0.0.2")),
+            ],
+            slices: vec![
+                slice("a-x", 5, "a", Some(&["10.0.0.1", "10.0.0.2"])),
+                // 10.0.0.2 moves to a-y.
+                slice("a-x", 6, "a", Some(&["10.0.0.1"])),
+                slice("a-y", 7, "a", Some(&["10.0.0.2"])),
+                slice("a-x", 9, "a", None),
+            ],
+        };
+        assert_eq!(
+            history.removals(),
+            vec!["10.0.0.1 left the slices of a at rv 9"]
+        );
+    }
+}
