@@ -144,17 +144,23 @@ impl Env {
     /// The guard's counters that tell what it found, for the row's log line.
     pub fn findings(&self) -> String {
         match &self.controller {
-            Some(Controller::Guard(g)) => ["store_rewinds_total", "ghosts_found_total"]
-                .iter()
-                .map(|name| {
-                    let total: f64 = ["services", "pods", "endpoints"]
-                        .iter()
-                        .map(|r| g.metric(&format!("endpoints_guard_{name}{{resource=\"{r}\"}}")))
-                        .sum();
-                    format!("{name} {total}")
-                })
-                .collect::<Vec<_>>()
-                .join(", "),
+            Some(Controller::Guard(g)) => {
+                let mut found: Vec<String> = ["store_rewinds_total", "ghosts_found_total"]
+                    .iter()
+                    .map(|name| {
+                        let total: f64 = ["services", "pods", "endpoints"]
+                            .iter()
+                            .map(|r| {
+                                g.metric(&format!("endpoints_guard_{name}{{resource=\"{r}\"}}"))
+                            })
+                            .sum();
+                        format!("{name} {total}")
+                    })
+                    .collect();
+                let held = g.metric("endpoints_guard_pod_deletions_held_total");
+                found.push(format!("pod_deletions_held_total {held}"));
+                found.join(", ")
+            }
             _ => String::new(),
         }
     }

@@ -1,21 +1,26 @@
 //! `make demo`: start a local control plane, run the endpoints-guard binary
-//! against it, create a small workload, and show what came of it: the Endpoints,
-//! and a few metric lines. Asks nothing, exits 0 when everything worked.
+//! against it, create a small workload, and show what came of it: the
+//! Endpoints and EndpointSlices, and a few metric lines; then failure A
+//! replayed to each controller beside upstream's, for Endpoints (a Service
+//! DELETE) and for EndpointSlices (a pod DELETE). Asks nothing, exits 0 when
+//! everything worked.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use eg_testsupport::binaries::workspace_root;
-use eg_testsupport::chaos::{ChaosProxy, Observer, failure_a_history};
+use eg_testsupport::chaos::{ChaosProxy, Observer, SERVICE_NAME_LABEL, failure_a_history};
 use eg_testsupport::loopback;
 use eg_testsupport::process::{Process, free_port};
 use eg_testsupport::prometheus::{Prometheus, render_chart_monitoring};
 use eg_testsupport::{
     ControlPlane, ControlPlaneOptions, PodBuilder, PodStatusSpec, ServiceBuilder,
 };
-use k8s_openapi::api::core::v1::Endpoints;
+use k8s_openapi::api::core::v1::{Endpoints, Node};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
+use kube::api::{ListParams, PostParams};
 
 fn controller_binary() -> Result<PathBuf> {
     release_binary("EG_BINARY", "endpoints-guard")
@@ -127,18 +132,7 @@ async fn prevented_alert(prometheus: &Prometheus) -> Result<String> {
 /// Service `long` carrying that Service's old resourceVersion (as API servers
 /// before kubernetes#58547 did) and ends the stream; a client that resumes
 /// from that RV gets the API server's replay of every Service event since.
-async fn replay_failure_a(cp: &ControlPlane) -> Result<()> {
-    step(
-        "failure A replayed through watch-chaos (a proxy between the controller and kube-apiserver)",
-    );
-    let chaos = release_binary("EG_CHAOS_BINARY", "watch-chaos")?;
-    let proxy = ChaosProxy::start(cp, &chaos, "watch-chaos").await?;
-    println!(
-        "    {} on 127.0.0.1:{} (control API 127.0.0.1:{})",
-        chaos.display(),
-        proxy.proxy_port,
-        proxy.control_port
-    );
+async fn replay_failure_a(cp: &ControlPlane, proxy: &ChaosProxy) -> Result<()> {
     let mut outcomes = Vec::new();
     let mut seen = Vec::new();
     for (ns, upstream) in [("replay-guard", false), ("replay-upstream", true)] {
@@ -163,6 +157,7 @@ async fn replay_failure_a(cp: &ControlPlane) -> Result<()> {
                 kubeconfig.clone(),
                 format!("--namespace={ns}"),
                 format!("--metrics-addr=127.0.0.1:{port}"),
+                "--controllers=endpoints".to_string(),
             ];
             Process::spawn("endpoints-guard", &controller_binary()?, &args, &log)?
         };
@@ -286,6 +281,127 @@ async fn replay_failure_a(cp: &ControlPlane) -> Result<()> {
     Ok(())
 }
 
+/// The addresses in the EndpointSlices of Service `service`, ready or not.
+async fn slice_addresses(cp: &ControlPlane, ns: &str, service: &str) -> Result<Vec<String>> {
+    let params = ListParams::default().labels(&format!("{SERVICE_NAME_LABEL}={service}"));
+    let mut ips: Vec<String> = Api::<EndpointSlice>::namespaced(cp.client(), ns)
+        .list(&params)
+        .await?
+        .items
+        .iter()
+        .flat_map(|s| s.endpoints.iter().flatten())
+        .flat_map(|e| e.addresses.iter().cloned())
+        .collect();
+    ips.sort();
+    Ok(ips)
+}
+
+/// A replayed pod DELETE against each EndpointSlice controller in turn, both
+/// behind watch-chaos: the proxy sends the controller's pod watch a DELETE of
+/// the live pod web-0 carrying its old resourceVersion, and the watch resumes
+/// from there. Both caches drop the pod; upstream takes its endpoint out of
+/// the slice, endpoints-guard first reads the pod live, finds it, puts it
+/// back in its cache and leaves the slice as it is.
+async fn replay_pod_delete_for_slices(cp: &ControlPlane, proxy: &ChaosProxy) -> Result<()> {
+    let mut rows = Vec::new();
+    for (ns, upstream) in [("slices-guard", false), ("slices-upstream", true)] {
+        let who = if upstream {
+            "kube-controller-manager (endpointslice-controller)"
+        } else {
+            "endpoints-guard (--controllers=endpointslices)"
+        };
+        step(&format!("{who} behind watch-chaos, namespace {ns}"));
+        cp.create_namespace(ns).await?;
+        let port = free_port()?;
+        let log = cp.log_dir().join(format!("slices-{ns}.log"));
+        let kubeconfig = format!("--kubeconfig={}", proxy.kubeconfig.display());
+        let mut controller = if upstream {
+            cp.start_controller_manager(
+                "endpointslice-controller",
+                &[&kubeconfig, "--kube-api-content-type=application/json"],
+            )?
+        } else {
+            let args: Vec<String> = vec![
+                kubeconfig.clone(),
+                format!("--namespace={ns}"),
+                format!("--metrics-addr=127.0.0.1:{port}"),
+                "--controllers=endpointslices".to_string(),
+            ];
+            Process::spawn("endpoints-guard", &controller_binary()?, &args, &log)?
+        };
+        cp.create_service(
+            ServiceBuilder::new(ns, "web")
+                .selector("app", "web")
+                .port("http", 80, 8080, "TCP"),
+        )
+        .await?;
+        let want = ["10.0.2.10", "10.0.2.11"];
+        for (i, ip) in want.iter().enumerate() {
+            cp.create_pod_with_status(
+                PodBuilder::serving(ns, &format!("web-{i}"), "web"),
+                PodStatusSpec::ready([*ip]),
+            )
+            .await?;
+        }
+        println!("    Service web, pods web-0 10.0.2.10 and web-1 10.0.2.11 (Ready, on node-a)");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while slice_addresses(cp, ns, "web").await? != want {
+            if Instant::now() > deadline {
+                bail!(
+                    "{who} did not write the slice; its log:\n{}",
+                    controller.log_tail(30)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        println!("    slice endpoints: {want:?}");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let answer = proxy
+            .post(
+                "/actions/replay-old-delete",
+                serde_json::json!({"resource": "pods", "namespace": ns, "name": "web-0"}),
+            )
+            .await?;
+        println!("    POST /actions/replay-old-delete pods {ns}/web-0 → {answer}");
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        let after = slice_addresses(cp, ns, "web").await?;
+        println!("    slice endpoints 6 s after the replayed DELETE: {after:?}");
+        if !upstream {
+            // The replayed DELETE carries the RV of the version of web-0 the
+            // cache holds, so it takes the pod out of the cache; the slice
+            // loses the endpoint only once a live read confirms the pod gone.
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            println!("    endpoints-guard log:");
+            for line in text.lines().filter(|l| l.contains("pod still exists")) {
+                println!("      {}", plain(line));
+            }
+            let (_, metrics) = http_get(port, "/metrics").await?;
+            println!("    metrics:");
+            for line in metrics.lines().filter(|l| {
+                !l.starts_with('#')
+                    && ((l.contains("stale_events_ignored_total") && l.contains("pods"))
+                        || l.contains("pod_deletions_held_total")
+                        || (l.contains("prevented") && l.contains("endpointslices")))
+            }) {
+                println!("      {line}");
+            }
+        }
+        controller.stop().await?;
+        rows.push(after.contains(&"10.0.2.10".to_string()));
+    }
+    step("side by side: the same replayed pod DELETE");
+    let cell = |kept: bool| if kept { "kept" } else { "REMOVED" };
+    let header = ("", "endpoints-guard", "kube-controller-manager");
+    println!("    {:<52} {:<22} {}", header.0, header.1, header.2);
+    println!(
+        "    {:<52} {:<22} {}",
+        "the live pod web-0 in its Service's EndpointSlice",
+        cell(rows[0]),
+        cell(rows[1])
+    );
+    Ok(())
+}
+
 fn step(text: &str) {
     println!("\n==> {text}");
 }
@@ -337,7 +453,18 @@ async fn main() -> Result<()> {
     }
     println!("    ready (/readyz answers 200)");
 
-    step("creating namespace demo: Service web (ports http, metrics) and three pods");
+    step(
+        "creating Node node-a (zone-a), namespace demo: Service web (ports http, metrics) and three pods",
+    );
+    // The EndpointSlice controller takes an endpoint's zone from its Node,
+    // and leaves out pods on a Node that does not exist.
+    let node: Node = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "node-a", "labels": {"topology.kubernetes.io/zone": "zone-a"}}
+    }))?;
+    Api::<Node>::all(cp.client())
+        .create(&PostParams::default(), &node)
+        .await
+        .context("creating Node node-a")?;
     cp.create_namespace("demo").await?;
     cp.create_service(
         ServiceBuilder::new("demo", "web")
@@ -391,11 +518,36 @@ async fn main() -> Result<()> {
         serde_yaml::to_string(&shown).context("rendering Endpoints")?
     );
 
+    step("EndpointSlices of demo/web as endpoints-guard wrote them");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while slice_addresses(&cp, "demo", "web").await?.len() != 3 {
+        if Instant::now() > deadline {
+            bail!(
+                "the EndpointSlice of demo/web did not converge; endpoints-guard log:\n{}",
+                guard.log_tail(30)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let params = ListParams::default().labels(&format!("{SERVICE_NAME_LABEL}=web"));
+    for mut slice in Api::<EndpointSlice>::namespaced(cp.client(), "demo")
+        .list(&params)
+        .await?
+        .items
+    {
+        slice.metadata.managed_fields = None;
+        print!(
+            "{}",
+            serde_yaml::to_string(&slice).context("rendering EndpointSlice")?
+        );
+    }
+
     step("a few metric lines from /metrics");
     let (_, metrics) = http_get(port, "/metrics").await?;
     for line in metrics.lines().filter(|l| {
         !l.starts_with('#')
             && (l.starts_with("endpoints_guard_endpoints_writes_total")
+                || l.starts_with("endpoints_guard_endpointslice_writes_total")
                 || l.starts_with("endpoints_guard_cache_objects")
                 || l.starts_with("endpoints_guard_reconciles_total")
                 || l.starts_with("endpoints_guard_spurious_deletions_prevented_total"))
@@ -406,7 +558,21 @@ async fn main() -> Result<()> {
     step("stopping endpoints-guard (SIGTERM)");
     guard.stop().await?;
 
-    replay_failure_a(&cp).await?;
+    step(
+        "failure A replayed through watch-chaos (a proxy between the controller and kube-apiserver)",
+    );
+    let chaos = release_binary("EG_CHAOS_BINARY", "watch-chaos")?;
+    let proxy = ChaosProxy::start(&cp, &chaos, "watch-chaos").await?;
+    println!(
+        "    {} on 127.0.0.1:{} (control API 127.0.0.1:{})",
+        chaos.display(),
+        proxy.proxy_port,
+        proxy.control_port
+    );
+    replay_failure_a(&cp, &proxy).await?;
+
+    step("EndpointSlices: a replayed pod DELETE through watch-chaos");
+    replay_pod_delete_for_slices(&cp, &proxy).await?;
 
     step("stopping the control plane");
     drop(cp);
