@@ -6,7 +6,8 @@
 #                      prometheus, promtool
 #   make parity        full differential tests against kube-controller-manager (Endpoints, EndpointSlices)
 #   make chaos         watch-chaos scenario matrix: endpoints-guard vs kube-controller-manager
-#   make bench         endpoints-guard vs kube-controller-manager (SIZE=S|M|L) → target/bench/
+#   make bench         endpoints-guard vs kube-controller-manager (SIZE=S|M|L,
+#                      KIND=endpoints|endpointslices|both) → target/bench/
 #   make image-smoke   the runtime image under Docker, as the chart runs it, on the local control plane
 #
 # The control plane programs are built from Go modules (tests/controlplane/); set
@@ -66,7 +67,7 @@ SIZE ?= S
 .PHONY: bench
 bench: controlplane
 	$(CARGO) build --release $(RELEASE_BINS)
-	SIZE=$(SIZE) $(CARGO) run --release -p eg-testsupport --bin eg-bench
+	SIZE=$(SIZE) KIND=$(KIND) $(CARGO) run --release -p eg-testsupport --bin eg-bench
 
 # Every scenario on a fresh control plane, once per controller, both behind watch-chaos;
 # writes target/chaos/report.json and target/chaos/report.md (make test runs a fast

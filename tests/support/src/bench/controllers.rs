@@ -13,7 +13,7 @@ use kube::api::PostParams;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::procstat;
+use super::{Kind, procstat};
 use crate::ControlPlane;
 use crate::process::{Process, free_port};
 
@@ -165,23 +165,26 @@ pub fn start_guard(
     })
 }
 
-/// Starts kube-controller-manager with only its endpoints controller, with
-/// upstream's defaults (5 workers, client QPS 20 / burst 30) unless
-/// `extra_args` says otherwise.
+/// Starts kube-controller-manager with only its controller of `kind`
+/// (`endpoints-controller` or `endpointslice-controller`), with upstream's
+/// defaults (5 workers, client QPS 20 / burst 30) unless `extra_args` says
+/// otherwise.
 pub fn start_upstream(
     cp: &ControlPlane,
     kubeconfig: &Path,
+    kind: Kind,
     extra_args: &[String],
     log_name: &str,
 ) -> Result<Running> {
+    let (controller, workers_flag) = kind.upstream_controller();
     let mut args = vec![
         format!("--kubeconfig={}", kubeconfig.display()),
-        "--controllers=endpoints-controller".to_string(),
+        format!("--controllers={controller}"),
         "--leader-elect=false".to_string(),
         "--secure-port=0".to_string(),
         "--bind-address=127.0.0.1".to_string(),
         "--use-service-account-credentials=false".to_string(),
-        "--concurrent-endpoint-syncs=5".to_string(),
+        format!("{workers_flag}=5"),
         "--v=1".to_string(),
     ];
     args.extend(extra_args.iter().cloned());

@@ -1,22 +1,27 @@
-//! `make bench`: endpoints-guard side by side with kube-controller-manager's
-//! endpoints controller on the local control plane, each alone in turn on the
-//! same objects.
+//! `make bench`: endpoints-guard side by side with kube-controller-manager on
+//! the local control plane, each alone in turn on the same objects, for one
+//! [`Kind`] or both: Endpoints (endpoints-guard `--controllers=endpoints`
+//! against `endpoints-controller`) or EndpointSlices (`--controllers=endpointslices`
+//! against `endpointslice-controller`).
 //!
-//! One control plane per size; the workload is created once (setup, timed on
-//! its own). Then, for each controller: **cold sync** (start it with
-//! everything present; done when the independent Endpoints watch sees every
-//! Service's Endpoints list exactly its pods), **churn** (flip the readiness
-//! of `rate` pods a second for `churn`; latency from just before each status
-//! write to the watch event showing the pod's address moved), **steady**
-//! (nothing changes for `steady`), and for endpoints-guard **resync** (a
-//! fresh process with a short `--resync-interval`; the first resync's
-//! duration from its metrics, its requests from the audit log). Between
-//! controllers the flipped pods are made Ready again and every Endpoints
-//! object is deleted. CPU and peak RSS come from /proc, requests from the
-//! audit log (see [`audit`]).
+//! One control plane per size; the workload (Nodes, Services, pods) is
+//! created once (setup, timed on its own). Then, per kind and controller:
+//! **cold sync** (start it with everything present; done when the
+//! independent watch of the kind sees every Service's objects list exactly
+//! its pods, ready, with their IPs, and for slices their Nodes and zones),
+//! **churn** (flip the readiness of `rate` pods a second for `churn`; latency
+//! from just before each status write to the watch event showing the pod's
+//! endpoint changed readiness), **steady** (nothing changes for `steady`),
+//! and for endpoints-guard **resync** (a fresh process with a short
+//! `--resync-interval`; the first resync's duration from its metrics, its
+//! requests from the audit log). Between controllers the flipped pods are
+//! made Ready again and every Endpoints object and EndpointSlice is deleted.
+//! CPU and peak RSS come from /proc, requests from the audit log (see
+//! [`audit`]).
 
 mod audit;
 mod controllers;
+mod kind;
 mod observe;
 mod procstat;
 pub mod report;
@@ -35,6 +40,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 pub use controllers::Controller;
+pub use kind::Kind;
 pub use report::RunResult;
 pub use workload::BenchSize;
 
@@ -60,6 +66,8 @@ pub struct BenchOptions {
     /// The endpoints-guard binary.
     pub guard_binary: PathBuf,
     pub controllers: Vec<Controller>,
+    /// The kinds measured, in turn, on the same control plane and workload.
+    pub kinds: Vec<Kind>,
     /// Extra kube-controller-manager flags (e.g. `--kube-api-qps=100`).
     pub upstream_args: Vec<String>,
     /// Requests in flight while creating the workload.
@@ -80,6 +88,7 @@ impl BenchOptions {
             out_dir,
             guard_binary,
             controllers: vec![Controller::Guard, Controller::Upstream],
+            kinds: vec![Kind::Endpoints],
             upstream_args: Vec::new(),
             setup_parallelism: 32,
             cold_sync_timeout: Duration::from_secs(1800),
@@ -92,7 +101,7 @@ impl BenchOptions {
 pub struct Phase {
     pub wall_s: f64,
     pub cpu_s: f64,
-    /// Endpoints watch events (ADDED, MODIFIED, DELETED) in the phase.
+    /// Watch events (ADDED, MODIFIED, DELETED) of the measured kind in the phase.
     pub writes: u64,
     pub requests: BTreeMap<String, u64>,
     pub requests_by_resource: BTreeMap<String, u64>,
@@ -112,7 +121,9 @@ pub struct Resync {
 
 /// Fields drop in order: the observer's watch stops before the control plane.
 struct Bench {
-    observer: Arc<Observer>,
+    /// The watch of the kind being measured.
+    observer: Option<Arc<Observer>>,
+    kind: Kind,
     cp: ControlPlane,
     client: Client,
     opts: BenchOptions,
@@ -127,19 +138,70 @@ fn log(text: &str) {
     eprintln!("eg-bench: {text}");
 }
 
-/// Runs the bench and writes report.json (merged with runs of other sizes
-/// already there), report.md and `latency-cdf-<size>.svg` into `out_dir`.
+/// Runs the bench and, per kind, writes its report (`report.json`,
+/// `report.md` for Endpoints; `report-endpointslices.json`, `.md` for
+/// slices; merged with runs of other sizes already there) and latency CDF
+/// plot into `out_dir`. Returns the runs of every kind.
 pub async fn run(opts: BenchOptions) -> Result<Vec<RunResult>> {
-    let bench = Bench::setup(opts).await?;
-    let mut runs = Vec::new();
-    let mut latencies = Vec::new();
-    for (i, &controller) in bench.opts.controllers.iter().enumerate() {
-        if i > 0 {
-            bench.reset().await?;
+    let mut bench = Bench::setup(opts).await?;
+    let mut all_runs = Vec::new();
+    let mut measured = false;
+    for kind in bench.opts.kinds.clone() {
+        let mut runs = Vec::new();
+        let mut latencies = Vec::new();
+        for &controller in &bench.opts.controllers.clone() {
+            if measured {
+                bench.reset().await?;
+            }
+            if bench.observer.is_none() || bench.kind != kind {
+                bench.watch(kind).await?;
+            }
+            measured = true;
+            let (run, lat) = bench.measure(controller).await?;
+            runs.push(run);
+            latencies.push((controller, lat));
         }
-        let (run, lat) = bench.measure(controller).await?;
+        report::write_all(
+            &bench.opts.out_dir,
+            kind,
+            &bench.opts.size.name,
+            &runs,
+            &latencies,
+        )?;
+        all_runs.extend(runs);
+    }
+    Ok(all_runs)
+}
+
+impl Bench {
+    /// Replaces the observer with a watch of `kind`'s objects (none left).
+    async fn watch(&mut self, kind: Kind) -> Result<()> {
+        self.observer = None;
+        self.kind = kind;
+        let observer = Observer::start(self.client.clone(), &self.workload, kind).await?;
+        observer
+            .wait_for(
+                &format!("no {} left", kind.objects()),
+                Duration::from_secs(120),
+                |o| o.existing() == 0,
+            )
+            .await?;
+        self.observer = Some(Arc::new(observer));
+        Ok(())
+    }
+
+    fn obs(&self) -> &Arc<Observer> {
+        self.observer
+            .as_ref()
+            .expect("the observer starts before any measurement")
+    }
+
+    /// One controller's phases on the current kind, logged.
+    async fn measure(&self, controller: Controller) -> Result<(RunResult, Vec<f64>)> {
+        let (run, lat) = self.measure_phases(controller).await?;
         log(&format!(
-            "{}: cold sync {:.2} s, churn p50/p90/p99 {:.1}/{:.1}/{:.1} ms, cpu {:.2} s, peak RSS {:.1} MiB, writes {} / changes {}",
+            "{} {}: cold sync {:.2} s, churn p50/p90/p99 {:.1}/{:.1}/{:.1} ms, cpu {:.2} s, peak RSS {:.1} MiB, writes {} / changes {}",
+            self.kind.objects(),
             controller.name(),
             run.cold_sync_s,
             run.churn_p50_ms,
@@ -150,19 +212,9 @@ pub async fn run(opts: BenchOptions) -> Result<Vec<RunResult>> {
             run.writes,
             run.changes
         ));
-        runs.push(run);
-        latencies.push((controller, lat));
+        Ok((run, lat))
     }
-    report::write_all(
-        &bench.opts.out_dir,
-        &bench.opts.size.name,
-        &runs,
-        &latencies,
-    )?;
-    Ok(runs)
-}
 
-impl Bench {
     async fn setup(opts: BenchOptions) -> Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("eg-bench-")
@@ -197,13 +249,13 @@ impl Bench {
         let workload = BenchWorkload::generate(&opts.size);
         let setup = workload.create(&client, opts.setup_parallelism).await?;
         log(&format!("workload created in {:.1} s", setup.as_secs_f64()));
-        let observer = Arc::new(Observer::start(client.clone(), &workload).await?);
         Ok(Self {
             cp,
             client,
             opts,
             workload,
-            observer,
+            observer: None,
+            kind: Kind::Endpoints,
             audit_log,
             kubeconfigs,
             setup_s: setup.as_secs_f64(),
@@ -211,7 +263,8 @@ impl Bench {
         })
     }
 
-    /// Between controllers: every pod Ready again, no Endpoints left.
+    /// Between controllers: every pod Ready again, no Endpoints or
+    /// EndpointSlices left.
     async fn reset(&self) -> Result<()> {
         let client = &self.client;
         let results: Vec<Result<()>> = stream::iter(&self.workload.pods)
@@ -220,11 +273,13 @@ impl Bench {
             .collect()
             .await;
         results.into_iter().collect::<Result<()>>()?;
-        self.workload.delete_endpoints(client).await?;
-        self.observer
-            .wait_for("Endpoints deleted", Duration::from_secs(120), |o| {
-                o.existing() == 0
-            })
+        self.workload.delete_outputs(client).await?;
+        self.obs()
+            .wait_for(
+                &format!("{} deleted", self.kind.objects()),
+                Duration::from_secs(120),
+                |o| o.existing() == 0,
+            )
             .await?;
         Ok(())
     }
@@ -242,8 +297,8 @@ impl Bench {
                 &self.opts.guard_binary,
                 self.kubeconfig(c)?,
                 &[
-                    // Like for like: upstream runs its endpoints controller alone.
-                    "--controllers=endpoints".to_string(),
+                    // Like for like: upstream runs that kind's controller alone.
+                    format!("--controllers={}", self.kind.name()),
                     format!("--resync-interval={resync}"),
                     format!("--ghost-scan-qps={}", self.opts.ghost_scan_qps),
                 ],
@@ -252,27 +307,29 @@ impl Bench {
             Controller::Upstream => controllers::start_upstream(
                 &self.cp,
                 self.kubeconfig(c)?,
+                self.kind,
                 &self.opts.upstream_args,
                 log_name,
             ),
         }
     }
 
-    async fn measure(&self, c: Controller) -> Result<(RunResult, Vec<f64>)> {
+    async fn measure_phases(&self, c: Controller) -> Result<(RunResult, Vec<f64>)> {
         let services = self.workload.services.len();
-        let obs = &self.observer;
-        log(&format!("{}: cold sync", c.name()));
+        let obs = self.obs();
+        let kind = self.kind;
+        log(&format!("{} {}: cold sync", kind.objects(), c.name()));
         let t_cold = SystemTime::now();
         let started = Instant::now();
         let ev0 = obs.events();
-        let mut running = self.start(c, "5m", c.name())?;
+        let mut running = self.start(c, "5m", &format!("{}-{}", c.name(), kind.name()))?;
         let done = obs
             .wait_for("cold sync", self.opts.cold_sync_timeout, |o| {
                 o.correct() == services
             })
             .await?;
         let cold_sync_s = done.duration_since(started).as_secs_f64();
-        // Stray writes right after the last correct Endpoints belong to cold sync.
+        // Stray writes right after the last correct object belong to cold sync.
         tokio::time::sleep(Duration::from_secs(2)).await;
         running.process.ensure_running()?;
         let mut phases = Vec::new();
@@ -284,7 +341,7 @@ impl Bench {
         };
         mark = self.close(&mut phases, "cold", mark, &running)?;
 
-        log(&format!("{}: churn", c.name()));
+        log(&format!("{} {}: churn", kind.objects(), c.name()));
         let (flips, failed) = self.churn().await?;
         let _ = obs
             .wait_for("churn drained", Duration::from_secs(30), |o| {
@@ -295,7 +352,7 @@ impl Bench {
         let (mut latencies, missed) = obs.take_latencies();
         mark = self.close(&mut phases, "churn", mark, &running)?;
 
-        log(&format!("{}: steady", c.name()));
+        log(&format!("{} {}: steady", kind.objects(), c.name()));
         tokio::time::sleep(self.opts.steady).await;
         running.process.ensure_running()?;
         self.close(&mut phases, "steady", mark, &running)?;
@@ -305,7 +362,7 @@ impl Bench {
         let mut resync = None;
         let mut resync_window = None;
         if c == Controller::Guard {
-            log("endpoints-guard: resync");
+            log(&format!("{} endpoints-guard: resync", kind.objects()));
             let (r, window) = self.resync().await?;
             resync = Some(r);
             resync_window = Some(window);
@@ -330,6 +387,7 @@ impl Bench {
         latencies.sort_by(f64::total_cmp);
         let run = report::assemble(report::Parts {
             size: &self.opts,
+            kind,
             controller: c,
             setup_s: self.setup_s,
             cold_sync_s,
@@ -357,7 +415,7 @@ impl Bench {
             at: SystemTime::now(),
             instant: Instant::now(),
             cpu: running.cpu_seconds()?,
-            events: self.observer.events(),
+            events: self.obs().events(),
         };
         let phase = Phase {
             wall_s: now.instant.duration_since(mark.instant).as_secs_f64(),
@@ -383,7 +441,7 @@ impl Bench {
             let i = (k as usize) % pods.len();
             let want_ready = (k as usize / pods.len()) % 2 == 1;
             let pod = pods[i].clone();
-            let (client, obs, limit) = (self.client.clone(), self.observer.clone(), limit.clone());
+            let (client, obs, limit) = (self.client.clone(), self.obs().clone(), limit.clone());
             obs.expect_flip(pod.key(), want_ready, Instant::now());
             tasks.spawn(async move {
                 let _permit = limit.acquire_owned().await;
@@ -407,7 +465,8 @@ impl Bench {
     /// resync's cost, and the time window it ran in.
     async fn resync(&self) -> Result<(Resync, (SystemTime, SystemTime))> {
         let interval = format!("{}s", self.opts.resync_interval.as_secs().max(1));
-        let mut r = self.start(Controller::Guard, &interval, "endpoints-guard-resync")?;
+        let log_name = format!("endpoints-guard-resync-{}", self.kind.name());
+        let mut r = self.start(Controller::Guard, &interval, &log_name)?;
         r.wait_ready(Duration::from_secs(600)).await?;
         let start = Instant::now();
         let mut samples: Vec<(SystemTime, f64)> = Vec::new();

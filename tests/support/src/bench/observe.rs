@@ -1,8 +1,10 @@
-//! The independent observer: one watch on Endpoints straight to kube-apiserver
-//! (as the admin, which the audit policy leaves out). It tells when every
-//! Service's Endpoints are correct (cold sync), when each flipped pod's
-//! address moved between `addresses` and `notReadyAddresses` (churn latency),
-//! and counts Endpoints writes as the watch events they cause.
+//! The independent observer: one watch straight to kube-apiserver (as the
+//! admin, which the audit policy leaves out) on the kind the run measures,
+//! Endpoints or EndpointSlices. It tells when every Service's objects are
+//! correct (cold sync), when each flipped pod's endpoint changed readiness
+//! (churn latency: Endpoints move it between `addresses` and
+//! `notReadyAddresses`, slices flip its `conditions.ready`), and counts writes
+//! as the watch events they cause.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -10,18 +12,105 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 use futures::TryStreamExt;
+use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::Endpoints;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{ListParams, WatchEvent, WatchParams};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
 use tokio::task::JoinHandle;
 
+use super::Kind;
 use super::workload::{BenchWorkload, NAMESPACE_PREFIX};
 
-/// What one Endpoints object says about its pods.
-#[derive(Default)]
-struct View {
-    ready: HashSet<String>,
-    not_ready: HashSet<String>,
+/// The label naming a slice's Service.
+const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
+
+/// One endpoint as an object lists it.
+struct Entry {
+    pod: String,
+    /// What must match the pod: its IP (Endpoints), or its IP, Node and zone
+    /// (EndpointSlices).
+    at: String,
+    ready: bool,
+}
+
+impl Entry {
+    fn id(&self) -> String {
+        format!("{} {}", self.pod, self.at)
+    }
+}
+
+/// An object kind the observer watches.
+trait Observed:
+    Resource<DynamicType = (), Scope = NamespaceResourceScope>
+    + Clone
+    + DeserializeOwned
+    + std::fmt::Debug
+    + Send
+    + Sync
+    + 'static
+{
+    /// The name of the Service the object belongs to.
+    fn service(&self) -> Option<String>;
+    fn entries(&self) -> Vec<Entry>;
+}
+
+impl Observed for Endpoints {
+    fn service(&self) -> Option<String> {
+        Some(self.name_any())
+    }
+
+    fn entries(&self) -> Vec<Entry> {
+        let mut out = Vec::new();
+        for subset in self.subsets.iter().flatten() {
+            for (list, ready) in [
+                (&subset.addresses, true),
+                (&subset.not_ready_addresses, false),
+            ] {
+                for a in list.iter().flatten() {
+                    if let Some(pod) = a.target_ref.as_ref().and_then(|r| r.name.clone()) {
+                        out.push(Entry {
+                            pod,
+                            at: a.ip.clone(),
+                            ready,
+                        });
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+impl Observed for EndpointSlice {
+    fn service(&self) -> Option<String> {
+        self.labels().get(LABEL_SERVICE_NAME).cloned()
+    }
+
+    fn entries(&self) -> Vec<Entry> {
+        self.endpoints
+            .iter()
+            .flatten()
+            .filter_map(|e| {
+                let pod = e.target_ref.as_ref()?.name.clone()?;
+                Some(Entry {
+                    pod,
+                    at: slice_location(
+                        &e.addresses.join(","),
+                        e.node_name.as_deref().unwrap_or(""),
+                        e.zone.as_deref().unwrap_or(""),
+                    ),
+                    // The API reads a missing `ready` as ready.
+                    ready: e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true),
+                })
+            })
+            .collect()
+    }
+}
+
+fn slice_location(addresses: &str, node: &str, zone: &str) -> String {
+    format!("{addresses} node={node} zone={zone}")
 }
 
 struct Pending {
@@ -31,8 +120,11 @@ struct Pending {
 
 #[derive(Default)]
 struct State {
-    views: HashMap<String, View>,
-    /// Ready pods each Service should list (`namespace/name` → pod names).
+    /// Each object (`namespace/name`): its Service's key and endpoints.
+    objects: HashMap<String, (String, Vec<Entry>)>,
+    /// Object keys per Service (`namespace/name`).
+    by_service: HashMap<String, HashSet<String>>,
+    /// What each Service's objects should list, all ready ([`Entry::id`]s).
     expected: HashMap<String, HashSet<String>>,
     correct: HashSet<String>,
     /// ADDED, MODIFIED and DELETED events in the bench namespaces.
@@ -42,54 +134,66 @@ struct State {
 }
 
 impl State {
-    fn apply(&mut self, key: String, ep: Option<&Endpoints>, now: Instant) {
-        let mut view = View::default();
-        for subset in ep.and_then(|e| e.subsets.as_ref()).into_iter().flatten() {
-            let names = |list: &Option<Vec<k8s_openapi::api::core::v1::EndpointAddress>>| {
-                list.iter()
-                    .flatten()
-                    .filter_map(|a| a.target_ref.as_ref().and_then(|r| r.name.clone()))
-                    .collect::<Vec<_>>()
-            };
-            view.ready.extend(names(&subset.addresses));
-            view.not_ready.extend(names(&subset.not_ready_addresses));
-        }
-        let namespace = key.split('/').next().unwrap_or_default().to_string();
-        for (pod, ready) in view
-            .ready
-            .iter()
-            .map(|p| (p, true))
-            .chain(view.not_ready.iter().map(|p| (p, false)))
-        {
-            let pod_key = format!("{namespace}/{pod}");
-            if let Some(p) = self.pending.get(&pod_key)
-                && p.want_ready == ready
-            {
-                let sent = p.sent;
-                self.pending.remove(&pod_key);
-                self.latencies_ms
-                    .push(now.saturating_duration_since(sent).as_secs_f64() * 1e3);
+    /// Records the object at `key` (`None`: deleted), belonging to `service`.
+    fn apply(&mut self, key: String, now_is: Option<(String, Vec<Entry>)>, now: Instant) {
+        let mut touched = Vec::new();
+        if let Some((service, _)) = self.objects.remove(&key) {
+            if let Some(set) = self.by_service.get_mut(&service) {
+                set.remove(&key);
             }
+            touched.push(service);
         }
-        let correct = self
-            .expected
-            .get(&key)
-            .is_some_and(|want| ep.is_some() && view.not_ready.is_empty() && view.ready == *want);
+        if let Some((service, entries)) = now_is {
+            let namespace = key.split('/').next().unwrap_or_default();
+            for e in &entries {
+                let pod_key = format!("{namespace}/{}", e.pod);
+                if let Some(p) = self.pending.get(&pod_key)
+                    && p.want_ready == e.ready
+                {
+                    let sent = p.sent;
+                    self.pending.remove(&pod_key);
+                    self.latencies_ms
+                        .push(now.saturating_duration_since(sent).as_secs_f64() * 1e3);
+                }
+            }
+            self.by_service
+                .entry(service.clone())
+                .or_default()
+                .insert(key.clone());
+            self.objects.insert(key, (service.clone(), entries));
+            touched.push(service);
+        }
+        for service in touched {
+            self.check(&service);
+        }
+    }
+
+    /// Whether the Service's objects list exactly its pods, each once and ready.
+    fn check(&mut self, service: &str) {
+        let correct = self.expected.get(service).is_some_and(|want| {
+            let keys = self.by_service.get(service);
+            let entries: Vec<&Entry> = keys
+                .into_iter()
+                .flatten()
+                .filter_map(|k| self.objects.get(k))
+                .flat_map(|(_, e)| e.iter())
+                .collect();
+            !entries.is_empty()
+                && entries.len() == want.len()
+                && entries.iter().all(|e| e.ready && want.contains(&e.id()))
+                && entries.iter().map(|e| e.id()).collect::<HashSet<_>>().len() == want.len()
+        });
         if correct {
-            self.correct.insert(key.clone());
+            self.correct.insert(service.to_string());
         } else {
-            self.correct.remove(&key);
-        }
-        if ep.is_some() {
-            self.views.insert(key, view);
-        } else {
-            self.views.remove(&key);
+            self.correct.remove(service);
         }
     }
 }
 
 /// The running observer; its watch stops when it is dropped.
 pub struct Observer {
+    kind: Kind,
     state: Arc<Mutex<State>>,
     task: JoinHandle<()>,
 }
@@ -100,47 +204,72 @@ impl Drop for Observer {
     }
 }
 
-fn key_of(ep: &Endpoints) -> Option<String> {
-    let ns = ep.namespace()?;
-    ns.starts_with(NAMESPACE_PREFIX)
-        .then(|| format!("{ns}/{}", ep.name_any()))
+/// (object key, Service key) of a bench object.
+fn keys_of<K: Observed>(obj: &K) -> Option<(String, String)> {
+    let ns = obj.namespace()?;
+    if !ns.starts_with(NAMESPACE_PREFIX) {
+        return None;
+    }
+    let service = obj.service()?;
+    Some((
+        format!("{ns}/{}", obj.name_any()),
+        format!("{ns}/{service}"),
+    ))
 }
 
 impl Observer {
-    /// Lists the Endpoints, then watches them until dropped.
-    pub async fn start(client: Client, workload: &BenchWorkload) -> Result<Self> {
+    /// Lists the kind's objects, then watches them until dropped.
+    pub async fn start(client: Client, workload: &BenchWorkload, kind: Kind) -> Result<Self> {
         let mut state = State::default();
-        for (s, (ns, name)) in workload.services.iter().enumerate() {
-            let want = workload
-                .pods
-                .iter()
-                .filter(|p| p.service == s)
-                .map(|p| p.name.clone())
-                .collect();
-            state.expected.insert(format!("{ns}/{name}"), want);
+        for (ns, name) in &workload.services {
+            state
+                .expected
+                .insert(format!("{ns}/{name}"), HashSet::new());
+        }
+        for (i, pod) in workload.pods.iter().enumerate() {
+            let (ns, name) = &workload.services[pod.service];
+            let at = match kind {
+                Kind::Endpoints => BenchWorkload::pod_ip(i),
+                Kind::EndpointSlices => {
+                    let node = BenchWorkload::node_of(i);
+                    slice_location(&BenchWorkload::pod_ip(i), &node.0, node.1)
+                }
+            };
+            let id = Entry {
+                pod: pod.name.clone(),
+                at,
+                ready: true,
+            }
+            .id();
+            if let Some(set) = state.expected.get_mut(&format!("{ns}/{name}")) {
+                set.insert(id);
+            }
         }
         let state = Arc::new(Mutex::new(state));
-        let api: Api<Endpoints> = Api::all(client);
-        let rv = relist(&api, &state).await?;
-        let task = tokio::spawn(watch_forever(api, state.clone(), rv));
-        Ok(Self { state, task })
+        let task = match kind {
+            Kind::Endpoints => spawn_watch(Api::<Endpoints>::all(client), state.clone()).await?,
+            Kind::EndpointSlices => {
+                spawn_watch(Api::<EndpointSlice>::all(client), state.clone()).await?
+            }
+        };
+        Ok(Self { kind, state, task })
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Endpoints watch events seen so far in the bench namespaces.
+    /// Watch events seen so far in the bench namespaces.
     pub fn events(&self) -> u64 {
         self.lock().events
     }
 
-    /// Bench Endpoints objects that exist.
+    /// Bench objects of the kind that exist.
     pub fn existing(&self) -> usize {
-        self.lock().views.len()
+        self.lock().objects.len()
     }
 
-    /// Services whose Endpoints list exactly their pods, all ready.
+    /// Services whose objects list exactly their pods, all ready.
     pub fn correct(&self) -> usize {
         self.lock().correct.len()
     }
@@ -184,7 +313,10 @@ impl Observer {
                 return Ok(Instant::now());
             }
             if self.task.is_finished() {
-                bail!("the Endpoints watch stopped while waiting for {what}");
+                bail!(
+                    "the {} watch stopped while waiting for {what}",
+                    self.kind.objects()
+                );
             }
             if start.elapsed() > timeout {
                 bail!("{what}: not reached after {timeout:?}");
@@ -194,35 +326,48 @@ impl Observer {
     }
 }
 
-async fn relist(api: &Api<Endpoints>, state: &Mutex<State>) -> Result<String> {
+async fn spawn_watch<K: Observed>(api: Api<K>, state: Arc<Mutex<State>>) -> Result<JoinHandle<()>> {
+    let rv = relist(&api, &state).await?;
+    Ok(tokio::spawn(watch_forever(api, state, rv)))
+}
+
+/// An object's key, with its Service's key and endpoints.
+type Record = (String, (String, Vec<Entry>));
+
+fn record<K: Observed>(obj: &K) -> Option<Record> {
+    let (key, service) = keys_of(obj)?;
+    Some((key, (service, obj.entries())))
+}
+
+async fn relist<K: Observed>(api: &Api<K>, state: &Mutex<State>) -> Result<String> {
     let list = api.list(&ListParams::default()).await?;
     let now = Instant::now();
     let mut state = state.lock().unwrap_or_else(|e| e.into_inner());
-    let listed: HashSet<String> = list.items.iter().filter_map(key_of).collect();
+    let listed: Vec<Record> = list.items.iter().filter_map(record).collect();
+    let names: HashSet<&String> = listed.iter().map(|(k, _)| k).collect();
     let gone: Vec<String> = state
-        .views
+        .objects
         .keys()
-        .filter(|k| !listed.contains(*k))
+        .filter(|k| !names.contains(k))
         .cloned()
         .collect();
     for key in gone {
         state.apply(key, None, now);
     }
-    for ep in &list.items {
-        if let Some(key) = key_of(ep) {
-            state.apply(key, Some(ep), now);
-        }
+    for (key, now_is) in listed {
+        state.apply(key, Some(now_is), now);
     }
     Ok(list.metadata.resource_version.unwrap_or_default())
 }
 
-async fn watch_forever(api: Api<Endpoints>, state: Arc<Mutex<State>>, mut rv: String) {
+async fn watch_forever<K: Observed>(api: Api<K>, state: Arc<Mutex<State>>, mut rv: String) {
+    let kind = K::kind(&());
     loop {
         let params = WatchParams::default().timeout(290);
         let stream = match api.watch(&params, &rv).await {
             Ok(stream) => stream,
             Err(err) => {
-                eprintln!("eg-bench: Endpoints watch failed: {err}; retrying");
+                eprintln!("eg-bench: {kind} watch failed: {err}; retrying");
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 continue;
             }
@@ -231,27 +376,29 @@ async fn watch_forever(api: Api<Endpoints>, state: Arc<Mutex<State>>, mut rv: St
         let mut gone = false;
         while let Ok(Some(event)) = stream.try_next().await {
             let now = Instant::now();
-            let (ep, deleted) = match event {
-                WatchEvent::Added(ep) | WatchEvent::Modified(ep) => (ep, false),
-                WatchEvent::Deleted(ep) => (ep, true),
+            let (obj, deleted) = match event {
+                WatchEvent::Added(obj) | WatchEvent::Modified(obj) => (obj, false),
+                WatchEvent::Deleted(obj) => (obj, true),
                 WatchEvent::Bookmark(_) => continue,
                 WatchEvent::Error(err) => {
                     gone = err.code == 410;
                     break;
                 }
             };
-            if let Some(new_rv) = ep.resource_version() {
+            if let Some(new_rv) = obj.resource_version() {
                 rv = new_rv;
             }
-            let Some(key) = key_of(&ep) else { continue };
+            let Some((key, now_is)) = record(&obj) else {
+                continue;
+            };
             let mut state = state.lock().unwrap_or_else(|e| e.into_inner());
             state.events += 1;
-            state.apply(key, (!deleted).then_some(&ep), now);
+            state.apply(key, (!deleted).then_some(now_is), now);
         }
         if gone {
             match relist(&api, &state).await {
                 Ok(new_rv) => rv = new_rv,
-                Err(err) => eprintln!("eg-bench: relisting Endpoints failed: {err}"),
+                Err(err) => eprintln!("eg-bench: relisting {kind} failed: {err}"),
             }
         }
     }

@@ -1,5 +1,8 @@
-//! The bench's outputs: `report.json` (runs of every size measured so far),
-//! `report.md` (figures and target ratios) and `latency-cdf-<size>.svg`.
+//! The bench's outputs, per kind: `report.json` (runs of every size measured
+//! so far), `report.md` (figures and target ratios) and
+//! `latency-cdf-<size>.svg` for Endpoints; `report-endpointslices.json`,
+//! `report-endpointslices.md` and `latency-cdf-endpointslices-<size>.svg` for
+//! EndpointSlices.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -8,7 +11,7 @@ use std::path::Path;
 use anyhow::{Context as _, Result};
 use serde::{Deserialize, Serialize};
 
-use super::{BenchOptions, Controller, Phase, Resync};
+use super::{BenchOptions, Controller, Kind, Phase, Resync};
 
 /// One controller at one size. The first fields are the ones issue 7 names;
 /// `cpu_s`, `writes`, `requests` cover cold sync, churn and steady (not the
@@ -16,6 +19,9 @@ use super::{BenchOptions, Controller, Phase, Resync};
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RunResult {
     pub size: String,
+    /// What both controllers wrote: Endpoints or EndpointSlices.
+    #[serde(default)]
+    pub kind: Kind,
     pub controller: Controller,
     pub cold_sync_s: f64,
     pub churn_p50_ms: f64,
@@ -36,7 +42,7 @@ pub struct RunResult {
     pub churn_rate_per_s: u32,
     pub churn_flips: u64,
     pub churn_failed_writes: u64,
-    /// Flips never seen in the Endpoints within 30 s of the churn's end.
+    /// Flips never seen in the Endpoints (slices) within 30 s of the churn's end.
     pub churn_missed: u64,
     pub churn_writes: u64,
     pub phases: BTreeMap<String, Phase>,
@@ -66,6 +72,18 @@ impl RunResult {
         Some((reads, per_s, cpu_us))
     }
 
+    /// CPU of cold sync, churn and steady less an estimate of what the ghost
+    /// scan's reads cost (every GET of the three phases at steady's CPU per
+    /// read, which also holds the idle process's own CPU, so the estimate
+    /// leans low). Upstream: its CPU.
+    pub fn cpu_without_ghost_scan_s(&self) -> f64 {
+        let Some((_, _, cpu_us)) = self.ghost_scan_cost() else {
+            return self.cpu_s;
+        };
+        let gets = self.requests.get("get").copied().unwrap_or(0);
+        (self.cpu_s - gets as f64 * cpu_us / 1e6).max(0.0)
+    }
+
     /// Whether steady brought nothing but the ghost scan's GETs, within its
     /// budget (10 % and two reads of slack for the phase edges).
     pub fn steady_is_only_the_ghost_scan(&self) -> bool {
@@ -86,6 +104,7 @@ impl RunResult {
 
 pub(super) struct Parts<'a> {
     pub size: &'a BenchOptions,
+    pub kind: Kind,
     pub controller: Controller,
     pub setup_s: f64,
     pub cold_sync_s: f64,
@@ -121,6 +140,7 @@ pub(super) fn assemble(parts: Parts<'_>) -> RunResult {
     let lat = parts.latencies;
     RunResult {
         size: opts.size.name.clone(),
+        kind: parts.kind,
         controller: parts.controller,
         cold_sync_s: parts.cold_sync_s,
         churn_p50_ms: percentile(lat, 50.0),
@@ -153,16 +173,27 @@ struct Report {
     runs: Vec<RunResult>,
 }
 
-/// Writes report.json (replacing earlier runs of `size`), report.md and the
-/// CDF plot of `size`.
+/// `report.json` / `report.md` (Endpoints) or `report-endpointslices.*`.
+pub fn report_file(kind: Kind, extension: &str) -> String {
+    format!("report{}.{extension}", kind.file_suffix())
+}
+
+/// `latency-cdf-<size>.svg` (Endpoints) or `latency-cdf-endpointslices-<size>.svg`.
+pub fn cdf_file(kind: Kind, size: &str) -> String {
+    format!("latency-cdf{}-{size}.svg", kind.file_suffix())
+}
+
+/// Writes the kind's report JSON (replacing earlier runs of `size`), its
+/// markdown and the CDF plot of `size`.
 pub(super) fn write_all(
     dir: &Path,
+    kind: Kind,
     size: &str,
     runs: &[RunResult],
     latencies: &[(Controller, Vec<f64>)],
 ) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let json_path = dir.join("report.json");
+    let json_path = dir.join(report_file(kind, "json"));
     let mut report: Report = std::fs::read_to_string(&json_path)
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok())
@@ -173,15 +204,15 @@ pub(super) fn write_all(
     report.runs.sort_by_key(|r| order(&r.size));
     std::fs::write(&json_path, serde_json::to_string_pretty(&report)? + "\n")
         .with_context(|| format!("writing {}", json_path.display()))?;
-    let md = dir.join("report.md");
-    std::fs::write(&md, markdown(&report.runs))
+    let md = dir.join(report_file(kind, "md"));
+    std::fs::write(&md, markdown(kind, &report.runs))
         .with_context(|| format!("writing {}", md.display()))?;
-    let raw = dir.join(format!("latencies-{size}.json"));
+    let raw = dir.join(format!("latencies{}-{size}.json", kind.file_suffix()));
     let named: BTreeMap<&str, &Vec<f64>> = latencies.iter().map(|(c, v)| (c.name(), v)).collect();
     std::fs::write(&raw, serde_json::to_string(&named)? + "\n")
         .with_context(|| format!("writing {}", raw.display()))?;
-    let svg = dir.join(format!("latency-cdf-{size}.svg"));
-    std::fs::write(&svg, cdf_svg(size, latencies))
+    let svg = dir.join(cdf_file(kind, size));
+    std::fs::write(&svg, cdf_svg(kind, size, latencies))
         .with_context(|| format!("writing {}", svg.display()))?;
     eprintln!(
         "eg-bench: wrote {}, {} and {}",
@@ -192,15 +223,26 @@ pub(super) fn write_all(
     Ok(())
 }
 
-/// Rewrites `dir`/report.md from `dir`/report.json.
-pub fn render_markdown(dir: &Path) -> Result<()> {
-    let json_path = dir.join("report.json");
-    let text = std::fs::read_to_string(&json_path)
-        .with_context(|| format!("reading {}", json_path.display()))?;
-    let report: Report =
-        serde_json::from_str(&text).with_context(|| format!("parsing {}", json_path.display()))?;
-    let md = dir.join("report.md");
-    std::fs::write(&md, markdown(&report.runs)).with_context(|| format!("writing {}", md.display()))
+/// Rewrites each kind's markdown in `dir` from its JSON (kinds without a
+/// JSON file are skipped); returns the files written.
+pub fn render_markdown(dir: &Path) -> Result<Vec<std::path::PathBuf>> {
+    let mut written = Vec::new();
+    for kind in Kind::ALL {
+        let json_path = dir.join(report_file(kind, "json"));
+        let Ok(text) = std::fs::read_to_string(&json_path) else {
+            continue;
+        };
+        let report: Report = serde_json::from_str(&text)
+            .with_context(|| format!("parsing {}", json_path.display()))?;
+        let md = dir.join(report_file(kind, "md"));
+        std::fs::write(&md, markdown(kind, &report.runs))
+            .with_context(|| format!("writing {}", md.display()))?;
+        written.push(md);
+    }
+    if written.is_empty() {
+        anyhow::bail!("no report JSON in {}", dir.display());
+    }
+    Ok(written)
 }
 
 fn ratio(ours: f64, theirs: f64) -> String {
@@ -226,7 +268,18 @@ fn requests_text(requests: &BTreeMap<String, u64>) -> String {
         .join(", ")
 }
 
-fn writes_per_change(r: &RunResult) -> f64 {
+/// Writes in the cold phase per Service (each Service is one distinct change).
+pub fn cold_writes_per_service(r: &RunResult) -> f64 {
+    let cold = r.phases.get("cold").map_or(0, |p| p.writes);
+    if r.services == 0 {
+        0.0
+    } else {
+        cold as f64 / r.services as f64
+    }
+}
+
+/// Churn writes per flip seen (each flip is one distinct change).
+pub fn writes_per_change(r: &RunResult) -> f64 {
     let changes = r
         .churn_flips
         .saturating_sub(r.churn_missed + r.churn_failed_writes);
@@ -238,12 +291,24 @@ fn writes_per_change(r: &RunResult) -> f64 {
 }
 
 /// report.md: per size, the figures of each controller and the targets.
-pub fn markdown(runs: &[RunResult]) -> String {
-    let mut out = String::from("# endpoints-guard vs kube-controller-manager (`make bench`)\n");
+pub fn markdown(kind: Kind, runs: &[RunResult]) -> String {
+    let upstream_name = kind.upstream_controller().0;
+    let mut out = format!(
+        "# endpoints-guard vs kube-controller-manager (`make bench KIND={}`): {}\n\n\
+         endpoints-guard `--controllers={}` against kube-controller-manager `--controllers={upstream_name}`.\n",
+        kind.name(),
+        kind.objects(),
+        kind.name(),
+    );
+    let runs: Vec<&RunResult> = runs.iter().filter(|r| r.kind == kind).collect();
     let mut sizes: Vec<&str> = runs.iter().map(|r| r.size.as_str()).collect();
     sizes.dedup();
     for size in sizes {
-        let of = |c| runs.iter().find(|r| r.size == size && r.controller == c);
+        let of = |c| {
+            runs.iter()
+                .copied()
+                .find(|r| r.size == size && r.controller == c)
+        };
         let (ours, theirs) = (of(Controller::Guard), of(Controller::Upstream));
         let any = ours.or(theirs).expect("a run of this size");
         let _ = writeln!(
@@ -270,14 +335,35 @@ pub fn markdown(runs: &[RunResult]) -> String {
         out += &num("churn p90 (ms)", &|r| r.churn_p90_ms, 1);
         out += &num("churn p99 (ms)", &|r| r.churn_p99_ms, 1);
         out += &num("CPU, cold+churn+steady (s)", &|r| r.cpu_s, 2);
+        out += &num(
+            "CPU less the ghost scan's reads (estimate, s)",
+            &RunResult::cpu_without_ghost_scan_s,
+            2,
+        );
         out += &num("peak RSS (MiB)", &|r| r.peak_rss_mb, 1);
         out += &num(
             "peak RSS without the resync process (MiB)",
             &|r| r.peak_rss_main_mb,
             1,
         );
-        out += &num("Endpoints writes", &|r| r.writes as f64, 0);
+        out += &num(
+            &format!("{} writes (watch events)", kind.objects()),
+            &|r| r.writes as f64,
+            0,
+        );
         out += &num("distinct changes", &|r| r.changes as f64, 0);
+        out += &num(
+            "writes per distinct change",
+            &|r| {
+                if r.changes == 0 {
+                    0.0
+                } else {
+                    r.writes as f64 / r.changes as f64
+                }
+            },
+            3,
+        );
+        out += &num("cold-sync writes per Service", &cold_writes_per_service, 3);
         out += &num("churn writes per change", &writes_per_change, 3);
         out += &num(
             "API requests",
@@ -359,12 +445,30 @@ pub fn markdown(runs: &[RunResult]) -> String {
                 q(o.cold_sync_s, t.cold_sync_s) <= 1.0,
             );
             let wpc = writes_per_change(o);
-            row(
-                &mut out,
-                "writes per distinct change = 1.0 (churn)",
-                format!("{wpc:.3}"),
-                (wpc - 1.0).abs() < 1e-9,
-            );
+            match kind {
+                Kind::Endpoints => row(
+                    &mut out,
+                    "writes per distinct change = 1.0 (churn)",
+                    format!("{wpc:.3}"),
+                    (wpc - 1.0).abs() < 1e-9,
+                ),
+                Kind::EndpointSlices => {
+                    let (oc, tc) = (cold_writes_per_service(o), cold_writes_per_service(t));
+                    row(
+                        &mut out,
+                        "cold-sync slice writes per Service ≤ upstream's",
+                        format!("{oc:.3} vs {tc:.3}"),
+                        oc <= tc + 1e-9,
+                    );
+                    let tw = writes_per_change(t);
+                    row(
+                        &mut out,
+                        "churn slice writes per change ≤ upstream's",
+                        format!("{wpc:.3} vs {tw:.3}"),
+                        wpc <= tw + 1e-9,
+                    );
+                }
+            }
             let (reads, per_s, cpu_us) = o.ghost_scan_cost().unwrap_or_default();
             row(
                 &mut out,
@@ -377,12 +481,16 @@ pub fn markdown(runs: &[RunResult]) -> String {
             );
         }
     }
-    out.push_str("\nRequests are counted from kube-apiserver's audit log (one ServiceAccount per controller). Writes are Endpoints watch events seen by an independent watch. CPU and peak RSS come from /proc/<pid>/stat and VmHWM.\n");
+    let _ = writeln!(
+        out,
+        "\nRequests are counted from kube-apiserver's audit log (one ServiceAccount per controller). Writes are {} watch events (ADDED, MODIFIED, DELETED) seen by an independent watch. CPU and peak RSS come from /proc/<pid>/stat and VmHWM.",
+        kind.objects()
+    );
     out
 }
 
 /// A CDF of each controller's churn latencies, log-scaled x axis.
-pub fn cdf_svg(size: &str, series: &[(Controller, Vec<f64>)]) -> String {
+pub fn cdf_svg(kind: Kind, size: &str, series: &[(Controller, Vec<f64>)]) -> String {
     let (w, h, left, right, top, bottom) = (760.0, 440.0, 70.0, 20.0, 40.0, 50.0);
     let all = series.iter().flat_map(|(_, v)| v.iter().copied());
     let min = all.clone().fold(f64::INFINITY, f64::min).max(0.1);
@@ -393,8 +501,9 @@ pub fn cdf_svg(size: &str, series: &[(Controller, Vec<f64>)]) -> String {
     let mut s = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
          <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
-         <text x=\"{}\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">Churn latency CDF, size {size} (pod status write → Endpoints change)</text>\n",
-        w / 2.0
+         <text x=\"{}\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">Churn latency CDF, size {size} (pod status write → {} change)</text>\n",
+        w / 2.0,
+        kind.objects()
     );
     let mut decade = lo;
     while decade <= hi {

@@ -1,13 +1,16 @@
 //! The bench's own workload: plain ClusterIP Services, each selecting
 //! `pods_per_service` Running, Ready pods with one IP and one named port, spread
-//! over namespaces of `services_per_namespace` Services. Deterministic: the same
-//! names and IPs every run.
+//! over namespaces of `services_per_namespace` Services, on [`NODES`] Nodes in
+//! three zones (the EndpointSlice controllers leave out pods whose Node does
+//! not exist and read the zone from the Node). Deterministic: the same names,
+//! IPs and Nodes every run.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use futures::{TryStreamExt, stream};
-use k8s_openapi::api::core::v1::{Endpoints, Pod, Service};
+use k8s_openapi::api::core::v1::{Endpoints, Node, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
@@ -47,6 +50,11 @@ impl BenchSize {
     }
 }
 
+/// Nodes the pods run on (`node-0` …), pod `i` (in creation order) on `node-{i % NODES}`.
+pub const NODES: usize = 10;
+/// The zones of the Nodes, Node `n` in `ZONES[n % 3]`.
+pub const ZONES: [&str; 3] = ["zone-a", "zone-b", "zone-c"];
+
 /// Prefix of every bench namespace.
 pub const NAMESPACE_PREFIX: &str = "bench-";
 
@@ -75,15 +83,6 @@ pub struct BenchWorkload {
     pub pods: Vec<PodRef>,
 }
 
-fn pod_ip(index: usize) -> String {
-    format!(
-        "10.{}.{}.{}",
-        64 + (index >> 16) % 64,
-        (index >> 8) & 255,
-        index & 255
-    )
-}
-
 fn ready_conditions(ready: bool) -> Value {
     let status = if ready { "True" } else { "False" };
     let now = k8s_openapi::jiff::Timestamp::now()
@@ -97,6 +96,22 @@ fn ready_conditions(ready: bool) -> Value {
 }
 
 impl BenchWorkload {
+    /// The IP of pod `index` (creation order).
+    pub fn pod_ip(index: usize) -> String {
+        format!(
+            "10.{}.{}.{}",
+            64 + (index >> 16) % 64,
+            (index >> 8) & 255,
+            index & 255
+        )
+    }
+
+    /// The Node of pod `index` (creation order) and that Node's zone.
+    pub fn node_of(index: usize) -> (String, &'static str) {
+        let n = index % NODES;
+        (format!("node-{n}"), ZONES[n % ZONES.len()])
+    }
+
     pub fn generate(size: &BenchSize) -> Self {
         let namespaces: Vec<String> = (0..size.namespaces())
             .map(|i| format!("{NAMESPACE_PREFIX}{i}"))
@@ -124,10 +139,11 @@ impl BenchWorkload {
         }
     }
 
-    /// Creates namespaces, Services, pods and the pods' Ready statuses with
-    /// `parallel` requests in flight; returns how long it took.
+    /// Creates the Nodes, namespaces, Services, pods and the pods' Ready
+    /// statuses with `parallel` requests in flight; returns how long it took.
     pub async fn create(&self, client: &Client, parallel: usize) -> Result<Duration> {
         let start = Instant::now();
+        create_nodes(client).await?;
         crate::workload::create_namespaces(client, &self.namespaces).await?;
         stream::iter(self.services.iter().enumerate().map(Ok))
             .try_for_each_concurrent(parallel, |(s, (ns, name))| async move {
@@ -153,16 +169,46 @@ impl BenchWorkload {
         Ok(start.elapsed())
     }
 
-    /// Deletes every Endpoints object in the bench namespaces.
-    pub async fn delete_endpoints(&self, client: &Client) -> Result<()> {
+    /// Deletes every Endpoints object and every EndpointSlice (whichever
+    /// controller manages it) in the bench namespaces.
+    pub async fn delete_outputs(&self, client: &Client) -> Result<()> {
+        let (dp, lp) = (DeleteParams::default(), ListParams::default());
         for ns in &self.namespaces {
             Api::<Endpoints>::namespaced(client.clone(), ns)
-                .delete_collection(&DeleteParams::default(), &ListParams::default())
+                .delete_collection(&dp, &lp)
                 .await
                 .with_context(|| format!("deleting the Endpoints of {ns}"))?;
+            Api::<EndpointSlice>::namespaced(client.clone(), ns)
+                .delete_collection(&dp, &lp)
+                .await
+                .with_context(|| format!("deleting the EndpointSlices of {ns}"))?;
         }
         Ok(())
     }
+}
+
+/// The [`NODES`] Nodes, Ready, each with its zone label (no kubelet runs).
+async fn create_nodes(client: &Client) -> Result<()> {
+    let api: Api<Node> = Api::all(client.clone());
+    for n in 0..NODES {
+        let (name, zone) = BenchWorkload::node_of(n);
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"topology.kubernetes.io/zone": zone}},
+        }))?;
+        api.create(&PostParams::default(), &node)
+            .await
+            .with_context(|| format!("creating node {name}"))?;
+        let resources = json!({"cpu": "4", "memory": "16Gi", "pods": "110"});
+        let status = json!({"status": {
+            "conditions": [{"type": "Ready", "status": "True", "reason": "SetByBench", "message": "no kubelet runs"}],
+            "allocatable": resources,
+            "capacity": resources,
+        }});
+        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .with_context(|| format!("writing the status of node {name}"))?;
+    }
+    Ok(())
 }
 
 async fn create_pod(client: &Client, pod: &PodRef, index: usize) -> Result<()> {
@@ -172,7 +218,7 @@ async fn create_pod(client: &Client, pod: &PodRef, index: usize) -> Result<()> {
             "labels": {"app": format!("svc-{}", pod.service), "bench": "yes"},
         },
         "spec": {
-            "nodeName": format!("node-{}", index % 10),
+            "nodeName": BenchWorkload::node_of(index).0,
             "containers": [{
                 "name": "app", "image": "registry.invalid/app:1",
                 "ports": [{"name": "http", "containerPort": 8080, "protocol": "TCP"}],
@@ -183,7 +229,7 @@ async fn create_pod(client: &Client, pod: &PodRef, index: usize) -> Result<()> {
     api.create(&PostParams::default(), &obj)
         .await
         .with_context(|| format!("creating pod {}", pod.key()))?;
-    let ip = pod_ip(index);
+    let ip = BenchWorkload::pod_ip(index);
     let status = json!({"status": {
         "phase": "Running",
         "podIP": ip,

@@ -1,22 +1,26 @@
-//! `make bench [SIZE=S|M|L]`: endpoints-guard side by side with
-//! kube-controller-manager's endpoints controller; see `eg_testsupport::bench`.
+//! `make bench [SIZE=S|M|L] [KIND=endpoints|endpointslices|both]`:
+//! endpoints-guard side by side with kube-controller-manager's endpoints
+//! (or endpointslice) controller; see `eg_testsupport::bench`.
 //!
 //! ```text
-//! eg-bench [--size S|M|L] [--rate PODS_PER_S] [--churn-secs N] [--steady-secs N]
-//!          [--resync-secs N] [--out DIR] [--only endpoints-guard|kube-controller-manager]
-//!          [--upstream-arg FLAG]...
-//! eg-bench --render [--out DIR]    # rewrite report.md from report.json
+//! eg-bench [--size S|M|L] [--kind endpoints|endpointslices|both] [--rate PODS_PER_S]
+//!          [--churn-secs N] [--steady-secs N] [--resync-secs N] [--out DIR]
+//!          [--only endpoints-guard|kube-controller-manager] [--upstream-arg FLAG]...
+//! eg-bench --render [--out DIR]    # rewrite the report*.md from report*.json
 //! ```
+//!
+//! `SIZE` and `KIND` may also come from the environment (the flags win).
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use eg_testsupport::bench::{self, BenchOptions, BenchSize, Controller};
+use eg_testsupport::bench::{self, BenchOptions, BenchSize, Controller, Kind};
 use eg_testsupport::binaries::workspace_root;
 
 fn usage() -> &'static str {
-    "usage: eg-bench [--size S|M|L] [--rate N] [--churn-secs N] [--steady-secs N] \
+    "usage: eg-bench [--size S|M|L] [--kind endpoints|endpointslices|both] [--rate N] \
+     [--churn-secs N] [--steady-secs N] \
      [--resync-secs N] [--out DIR] [--only endpoints-guard|kube-controller-manager] \
      [--upstream-arg FLAG]... | eg-bench --render [--out DIR]"
 }
@@ -28,6 +32,7 @@ fn parse() -> Result<BenchOptions> {
         .unwrap_or_else(|| root.join("target/release/endpoints-guard"));
     let size = std::env::var("SIZE").unwrap_or_else(|_| "S".into());
     let mut opts = BenchOptions::new(BenchSize::named(&size)?, binary, root.join("target/bench"));
+    opts.kinds = Kind::parse_list(&std::env::var("KIND").unwrap_or_default())?;
     let mut render_only = false;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -49,6 +54,7 @@ fn parse() -> Result<BenchOptions> {
         };
         match flag.as_str() {
             "--size" => opts.size = BenchSize::named(&value)?,
+            "--kind" => opts.kinds = Kind::parse_list(&value)?,
             "--rate" => opts.churn_rate = value.parse().context("--rate")?,
             "--churn-secs" => opts.churn = secs(&value)?,
             "--steady-secs" => opts.steady = secs(&value)?,
@@ -66,8 +72,9 @@ fn parse() -> Result<BenchOptions> {
         }
     }
     if render_only {
-        bench::report::render_markdown(&opts.out_dir)?;
-        println!("wrote {}", opts.out_dir.join("report.md").display());
+        for md in bench::report::render_markdown(&opts.out_dir)? {
+            println!("wrote {}", md.display());
+        }
         std::process::exit(0);
     }
     if !opts.guard_binary.exists() {
