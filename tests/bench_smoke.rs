@@ -1,16 +1,18 @@
 //! `make bench` in brief, inside `make test`: size S (100 Services × 1,000
-//! pods), both controllers, 10 s of churn at 10 pods/s, 5 s steady, one
-//! resync. It checks that the bench works and the figures that do not depend
-//! on machine speed (this is the debug build): every flip reaches the
-//! Endpoints, endpoints-guard writes once per change and makes no live reads
-//! in steady state. Reports go to target/bench-smoke/.
+//! pods), both controllers, for Endpoints and then EndpointSlices on the same
+//! control plane, 10 s of churn at 10 pods/s, 5 s steady, one resync. It
+//! checks that the bench works and the figures that do not depend on machine
+//! speed (this is the debug build): every flip reaches the Endpoints (the
+//! slices), endpoints-guard writes once per change (slices: no more often
+//! than upstream) and makes no live reads in steady state. Reports go to
+//! target/bench-smoke/.
 //!
 //! Needs the control-plane programs: `make controlplane`.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use eg_testsupport::bench::{self, BenchOptions, BenchSize, Controller};
+use eg_testsupport::bench::{self, BenchOptions, BenchSize, Controller, Kind, RunResult};
 use eg_testsupport::binaries::workspace_root;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -25,10 +27,11 @@ async fn bench_size_s_briefly() -> anyhow::Result<()> {
     opts.steady = Duration::from_secs(5);
     opts.resync_interval = Duration::from_secs(3);
     opts.cold_sync_timeout = Duration::from_secs(120);
+    opts.kinds = Kind::ALL.to_vec();
     let runs = bench::run(opts).await?;
-    assert_eq!(runs.len(), 2);
+    assert_eq!(runs.len(), 4);
     for run in &runs {
-        let name = run.controller.name();
+        let name = format!("{} {}", run.kind.name(), run.controller.name());
         assert!(run.cold_sync_s > 0.0, "{name}: {run:?}");
         assert_eq!(run.churn_flips, 100, "{name}");
         assert_eq!(run.churn_failed_writes, 0, "{name}");
@@ -43,10 +46,12 @@ async fn bench_size_s_briefly() -> anyhow::Result<()> {
             run.requests
         );
     }
-    let ours = runs
-        .iter()
-        .find(|r| r.controller == Controller::Guard)
-        .expect("an endpoints-guard run");
+    let of = |kind: Kind, c: Controller| -> &RunResult {
+        runs.iter()
+            .find(|r| r.kind == kind && r.controller == c)
+            .expect("a run of each kind and controller")
+    };
+    let ours = of(Kind::Endpoints, Controller::Guard);
     assert_eq!(
         ours.churn_writes, ours.churn_flips,
         "endpoints-guard: one Endpoints write per distinct change"
@@ -63,7 +68,31 @@ async fn bench_size_s_briefly() -> anyhow::Result<()> {
     let resync = ours.resync.as_ref().expect("a resync measurement");
     assert!(resync.duration_s > 0.0);
     assert!(resync.requests.get("list").copied().unwrap_or(0) >= 3);
-    for file in ["report.json", "report.md", "latency-cdf-S.svg"] {
+    let (ours, theirs) = (
+        of(Kind::EndpointSlices, Controller::Guard),
+        of(Kind::EndpointSlices, Controller::Upstream),
+    );
+    assert!(
+        ours.churn_writes <= theirs.churn_writes
+            && ours.phases["cold"].writes <= theirs.phases["cold"].writes,
+        "endpoints-guard: no more slice writes than upstream (cold {} vs {}, churn {} vs {})",
+        ours.phases["cold"].writes,
+        theirs.phases["cold"].writes,
+        ours.churn_writes,
+        theirs.churn_writes
+    );
+    assert_eq!(
+        ours.phases["steady"].writes, 0,
+        "endpoints-guard wrote slices in steady state"
+    );
+    for file in [
+        "report.json",
+        "report.md",
+        "latency-cdf-S.svg",
+        "report-endpointslices.json",
+        "report-endpointslices.md",
+        "latency-cdf-endpointslices-S.svg",
+    ] {
         assert!(out.join(file).is_file(), "{file} missing");
     }
     Ok(())
