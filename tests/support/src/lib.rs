@@ -36,6 +36,7 @@ pub mod process;
 pub mod prometheus;
 mod shortcuts;
 pub mod slice_workload;
+pub mod soak;
 pub mod sockets;
 pub mod workload;
 
