@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use hardened_watcher::{Cached, Change, ObjectKey, Store, Whole};
 use k8s_openapi::NamespaceResourceScope;
-use k8s_openapi::api::core::v1::{Endpoints, Node, Pod, Service};
+use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::{Api, Client};
 use serde::de::DeserializeOwned;
@@ -20,6 +20,7 @@ use crate::reconcile::objects::{
     CachedEndpoints, CachedNode, CachedService, CachedSlice, strip_managed_fields,
 };
 use crate::reconcile::{Context, Stores, handlers};
+use crate::wire::{EndpointsWire, PodWire};
 
 /// One watched kind.
 pub trait Kind: 'static {
@@ -98,17 +99,18 @@ impl Kind for ServiceKind {
 pub struct PodKind;
 
 impl Kind for PodKind {
-    type Object = Pod;
+    /// Decoded slim: only what [`PodInfo`] is made of (see [`crate::wire`]).
+    type Object = PodWire;
     type Cached = PodInfo;
     const RESOURCE: &'static str = "pods";
     fn needed(_: Controllers) -> bool {
         true
     }
-    fn api(client: &Client, namespace: Option<&str>) -> Api<Pod> {
+    fn api(client: &Client, namespace: Option<&str>) -> Api<PodWire> {
         scoped(client, namespace)
     }
-    fn project(object: Pod) -> Option<PodInfo> {
-        PodInfo::from_pod(&object)
+    fn project(object: PodWire) -> Option<PodInfo> {
+        object.project()
     }
     fn store(stores: &Stores) -> &Store<PodInfo> {
         &stores.pods
@@ -126,17 +128,18 @@ impl Kind for PodKind {
 pub struct EndpointsKind;
 
 impl Kind for EndpointsKind {
-    type Object = Endpoints;
+    /// Decoded with the subsets left as text (see [`crate::wire`]).
+    type Object = EndpointsWire;
     type Cached = CachedEndpoints;
     const RESOURCE: &'static str = "endpoints";
     fn needed(controllers: Controllers) -> bool {
         controllers.contains(Controller::Endpoints)
     }
-    fn api(client: &Client, namespace: Option<&str>) -> Api<Endpoints> {
+    fn api(client: &Client, namespace: Option<&str>) -> Api<EndpointsWire> {
         scoped(client, namespace)
     }
-    fn project(object: Endpoints) -> Option<CachedEndpoints> {
-        CachedEndpoints::new(object)
+    fn project(object: EndpointsWire) -> Option<CachedEndpoints> {
+        CachedEndpoints::from_wire(object)
     }
     fn store(stores: &Stores) -> &Store<CachedEndpoints> {
         &stores.endpoints

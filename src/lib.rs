@@ -8,6 +8,7 @@
 //! - [`kinds`]: every watched kind, described once.
 //! - [`controller`]: wires caches, watchers, workers and the metrics server.
 //! - [`metrics`], [`server`]: Prometheus metrics and the health endpoints.
+//! - [`wire`]: slim decode targets for the hot watch paths.
 
 pub mod config;
 pub mod controller;
@@ -19,3 +20,4 @@ pub mod metrics;
 pub mod reconcile;
 pub mod server;
 pub mod startup;
+pub mod wire;

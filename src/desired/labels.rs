@@ -80,15 +80,22 @@ pub fn build_endpoints(
 ) -> Endpoints {
     // Upstream starts from a deep copy of the current object, so everything it
     // does not set (annotations, owner references, finalizers, the
-    // resourceVersion the update needs) is carried over.
-    let mut endpoints = current.cloned().unwrap_or_else(|| Endpoints {
-        metadata: ObjectMeta {
-            name: svc.metadata.name.clone(),
-            namespace: svc.metadata.namespace.clone(),
-            ..ObjectMeta::default()
+    // resourceVersion the update needs) is carried over. The subsets are not
+    // copied: they are replaced below.
+    let mut endpoints = match current {
+        Some(current) => Endpoints {
+            metadata: current.metadata.clone(),
+            subsets: None,
         },
-        subsets: None,
-    });
+        None => Endpoints {
+            metadata: ObjectMeta {
+                name: svc.metadata.name.clone(),
+                namespace: svc.metadata.namespace.clone(),
+                ..ObjectMeta::default()
+            },
+            subsets: None,
+        },
+    };
 
     let mut subsets = computed.subsets;
     let truncated = truncate_subsets(&mut subsets);

@@ -3,7 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::{Container, ContainerPort, Pod, PodCondition, PodIP};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 
 use super::packed::{Parts, PodInfo};
@@ -81,39 +82,110 @@ impl PodFields {
     }
 }
 
+/// One container as the projection reads it.
+pub struct ContainerView<'a> {
+    pub ports: &'a [ContainerPort],
+    pub restart_policy: Option<&'a str>,
+}
+
+impl<'a> ContainerView<'a> {
+    fn of(container: &'a Container) -> Self {
+        Self {
+            ports: container.ports.as_deref().unwrap_or_default(),
+            restart_policy: container.restart_policy.as_deref(),
+        }
+    }
+}
+
+/// What a pod's projection reads, from a whole `Pod` or from the watch's
+/// slim decode (`crate::wire::PodWire`): one projection for both.
+pub trait PodSource {
+    fn meta(&self) -> &ObjectMeta;
+    /// `spec.containers`.
+    fn containers(&self) -> impl Iterator<Item = ContainerView<'_>>;
+    /// `spec.initContainers`.
+    fn init_containers(&self) -> impl Iterator<Item = ContainerView<'_>>;
+    fn hostname(&self) -> Option<&str>;
+    fn subdomain(&self) -> Option<&str>;
+    fn node_name(&self) -> Option<&str>;
+    fn phase(&self) -> Option<&str>;
+    /// `status.podIP`.
+    fn pod_ip(&self) -> Option<&str>;
+    /// `status.podIPs`.
+    fn pod_ips(&self) -> &[PodIP];
+    /// `status.conditions`.
+    fn conditions(&self) -> &[PodCondition];
+}
+
+impl PodSource for Pod {
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn containers(&self) -> impl Iterator<Item = ContainerView<'_>> {
+        self.spec
+            .iter()
+            .flat_map(|s| s.containers.iter().map(ContainerView::of))
+    }
+    fn init_containers(&self) -> impl Iterator<Item = ContainerView<'_>> {
+        self.spec
+            .iter()
+            .flat_map(|s| s.init_containers.iter().flatten().map(ContainerView::of))
+    }
+    fn hostname(&self) -> Option<&str> {
+        self.spec.as_ref().and_then(|s| s.hostname.as_deref())
+    }
+    fn subdomain(&self) -> Option<&str> {
+        self.spec.as_ref().and_then(|s| s.subdomain.as_deref())
+    }
+    fn node_name(&self) -> Option<&str> {
+        self.spec.as_ref().and_then(|s| s.node_name.as_deref())
+    }
+    fn phase(&self) -> Option<&str> {
+        self.status.as_ref().and_then(|s| s.phase.as_deref())
+    }
+    fn pod_ip(&self) -> Option<&str> {
+        self.status.as_ref().and_then(|s| s.pod_ip.as_deref())
+    }
+    fn pod_ips(&self) -> &[PodIP] {
+        self.status
+            .as_ref()
+            .and_then(|s| s.pod_ips.as_deref())
+            .unwrap_or_default()
+    }
+    fn conditions(&self) -> &[PodCondition] {
+        self.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_deref())
+            .unwrap_or_default()
+    }
+}
+
 impl PodInfo {
     /// Projects a Pod; `None` when it has no name or namespace.
     pub fn from_pod(pod: &Pod) -> Option<PodInfo> {
-        let meta = &pod.metadata;
-        let spec = pod.spec.as_ref();
-        let status = pod.status.as_ref();
+        Self::from_source(pod)
+    }
 
-        let mut pod_ips: Vec<&str> = status
-            .and_then(|s| s.pod_ips.as_ref())
-            .map(|ips| ips.iter().map(|ip| ip.ip.as_str()).collect())
-            .unwrap_or_default();
+    /// Projects what a pod's source shows; `None` when it has no name or
+    /// namespace.
+    pub fn from_source(pod: &impl PodSource) -> Option<PodInfo> {
+        let meta = pod.meta();
+
+        let mut pod_ips: Vec<&str> = pod.pod_ips().iter().map(|ip| ip.ip.as_str()).collect();
         if pod_ips.is_empty()
-            && let Some(ip) = status
-                .and_then(|s| s.pod_ip.as_deref())
-                .filter(|ip| !ip.is_empty())
+            && let Some(ip) = pod.pod_ip().filter(|ip| !ip.is_empty())
         {
             pod_ips.push(ip);
         }
 
         // Upstream looks at the first condition of type Ready only.
-        let ready_condition = status
-            .and_then(|s| s.conditions.as_ref())
-            .and_then(|conditions| conditions.iter().find(|c| c.type_ == "Ready"));
+        let ready_condition = pod.conditions().iter().find(|c| c.type_ == "Ready");
 
-        let sidecars = spec
-            .and_then(|s| s.init_containers.as_deref())
-            .unwrap_or_default()
-            .iter()
-            .filter(|c| c.restart_policy.as_deref() == Some(SIDECAR_RESTART_POLICY));
-        let ports = spec
-            .map(|s| s.containers.as_slice())
-            .unwrap_or_default()
-            .iter()
+        let sidecars = pod
+            .init_containers()
+            .filter(|c| c.restart_policy == Some(SIDECAR_RESTART_POLICY));
+        let ports = pod
+            .containers()
             .chain(sidecars)
             .flat_map(named_ports)
             .collect();
@@ -123,10 +195,10 @@ impl PodInfo {
             name: meta.name.as_deref()?,
             uid: meta.uid.as_deref().unwrap_or_default(),
             resource_version: meta.resource_version.as_deref().unwrap_or_default(),
-            phase: status.and_then(|s| s.phase.as_deref()),
-            hostname: spec.and_then(|s| s.hostname.as_deref()),
-            subdomain: spec.and_then(|s| s.subdomain.as_deref()),
-            node_name: spec.and_then(|s| s.node_name.as_deref()),
+            phase: pod.phase(),
+            hostname: pod.hostname(),
+            subdomain: pod.subdomain(),
+            node_name: pod.node_name(),
             labels: meta
                 .labels
                 .iter()
@@ -151,20 +223,15 @@ impl PodInfo {
     }
 }
 
-fn named_ports(container: &Container) -> impl Iterator<Item = (&str, i32, &str)> + '_ {
-    container
-        .ports
-        .as_deref()
-        .unwrap_or_default()
-        .iter()
-        .filter_map(|port| {
-            let name = port.name.as_deref().filter(|n| !n.is_empty())?;
-            Some((
-                name,
-                port.container_port,
-                port.protocol.as_deref().unwrap_or_default(),
-            ))
-        })
+fn named_ports(container: ContainerView<'_>) -> impl Iterator<Item = (&str, i32, &str)> + '_ {
+    container.ports.iter().filter_map(|port| {
+        let name = port.name.as_deref().filter(|n| !n.is_empty())?;
+        Some((
+            name,
+            port.container_port,
+            port.protocol.as_deref().unwrap_or_default(),
+        ))
+    })
 }
 
 #[cfg(test)]

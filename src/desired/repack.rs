@@ -9,7 +9,7 @@
 //! `ports` absent. Then everything is sorted: addresses by IP text bytes then
 //! UID, ports and subsets by the digest in [`super::spew`].
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{EndpointAddress, EndpointPort, EndpointSubset};
 
@@ -28,39 +28,46 @@ pub(crate) enum AppProtocolIdentity {
     ByOccurrence,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-struct PortKey {
-    name: String,
+/// A port as repacking tells ports apart; borrowed from the subsets being
+/// repacked (a key made per port, not per address, and never cloned).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct PortKey<'a> {
+    name: &'a str,
     port: i32,
-    protocol: String,
+    protocol: &'a str,
     /// `None` for an absent appProtocol (all nil pointers are equal).
-    app_protocol: Option<AppProtocolKey>,
+    app_protocol: Option<AppProtocolKey<'a>>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-enum AppProtocolKey {
-    Text(String),
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum AppProtocolKey<'a> {
+    Text(&'a str),
     Occurrence(usize),
 }
 
 /// Stand-in for upstream's "no ports" sentinel (port -1, everything else empty).
 const SENTINEL_PORT: i32 = -1;
 
-struct PortEntry {
-    port: Option<EndpointPort>,
+struct PortEntry<'a> {
+    port: Option<&'a EndpointPort>,
     /// Address index → ready; not-ready is sticky.
     readiness: BTreeMap<usize, bool>,
 }
 
 /// Repack and sort subsets into upstream's canonical form.
+///
+/// Addresses and ports are borrowed while grouping; each address is cloned
+/// once, into the subset it ends up in. The maps are ordered ones: for the
+/// few keys of one Service, comparing beats hashing (the order they give is
+/// irrelevant: [`sort_subsets`] decides).
 pub(crate) fn repack_subsets(
     subsets: &[EndpointSubset],
     identity: AppProtocolIdentity,
 ) -> Vec<EndpointSubset> {
-    let mut addresses: Vec<EndpointAddress> = Vec::new();
-    let mut address_index: HashMap<(String, String), usize> = HashMap::new();
+    let mut addresses: Vec<&EndpointAddress> = Vec::new();
+    let mut address_index: BTreeMap<(&str, &str), usize> = BTreeMap::new();
     let mut ports: Vec<PortEntry> = Vec::new();
-    let mut port_index: HashMap<PortKey, usize> = HashMap::new();
+    let mut port_index: BTreeMap<PortKey, usize> = BTreeMap::new();
     let mut occurrences = 0usize;
 
     for subset in subsets {
@@ -71,47 +78,52 @@ pub(crate) fn repack_subsets(
         let ready = subset.addresses.as_deref().unwrap_or_default();
         let not_ready = subset.not_ready_addresses.as_deref().unwrap_or_default();
         for port in subset_ports {
-            let key = port_key(port, identity, &mut occurrences);
+            let mut key = Some(port_key(port, identity, &mut occurrences));
+            // The port's entry, made when its first address comes.
+            let mut port_at: Option<usize> = None;
             let tagged = ready
                 .iter()
                 .map(|a| (a, true))
                 .chain(not_ready.iter().map(|a| (a, false)));
             for (address, is_ready) in tagged {
                 let address_key = (
-                    address.ip.clone(),
+                    address.ip.as_str(),
                     address
                         .target_ref
                         .as_ref()
-                        .and_then(|r| r.uid.clone())
+                        .and_then(|r| r.uid.as_deref())
                         .unwrap_or_default(),
                 );
                 let address_at = *address_index.entry(address_key).or_insert_with(|| {
-                    addresses.push(address.clone());
+                    addresses.push(address);
                     addresses.len() - 1
                 });
-                let port_at = *port_index.entry(key.clone()).or_insert_with(|| {
-                    ports.push(PortEntry {
-                        port: port.cloned(),
-                        readiness: BTreeMap::new(),
-                    });
-                    ports.len() - 1
-                });
-                let was = ports[port_at]
-                    .readiness
-                    .entry(address_at)
-                    .or_insert(is_ready);
+                let at = match (port_at, key.take()) {
+                    (Some(at), _) => at,
+                    (None, Some(key)) => *port_index.entry(key).or_insert_with(|| {
+                        ports.push(PortEntry {
+                            port,
+                            readiness: BTreeMap::new(),
+                        });
+                        ports.len() - 1
+                    }),
+                    // The key is taken only when `port_at` is set.
+                    (None, None) => continue,
+                };
+                port_at = Some(at);
+                let was = ports[at].readiness.entry(address_at).or_insert(is_ready);
                 *was = *was && is_ready;
             }
         }
     }
 
     // Group ports by the exact set of (address, readiness) they are offered on.
-    let mut groups: HashMap<Vec<(usize, bool)>, Vec<EndpointPort>> = HashMap::new();
+    let mut groups: BTreeMap<Vec<(usize, bool)>, Vec<EndpointPort>> = BTreeMap::new();
     for entry in ports {
         let members: Vec<(usize, bool)> = entry.readiness.into_iter().collect();
         let group = groups.entry(members).or_default();
         if let Some(port) = entry.port.filter(|p| p.port > 0) {
-            group.push(port);
+            group.push(port.clone());
         }
     }
 
@@ -136,30 +148,30 @@ pub(crate) fn repack_subsets(
     sort_subsets(repacked)
 }
 
-fn port_key(
-    port: Option<&EndpointPort>,
+fn port_key<'a>(
+    port: Option<&'a EndpointPort>,
     identity: AppProtocolIdentity,
     occurrences: &mut usize,
-) -> PortKey {
+) -> PortKey<'a> {
     let Some(port) = port else {
         return PortKey {
-            name: String::new(),
+            name: "",
             port: SENTINEL_PORT,
-            protocol: String::new(),
+            protocol: "",
             app_protocol: None,
         };
     };
-    let app_protocol = port.app_protocol.as_ref().map(|text| match identity {
-        AppProtocolIdentity::ByValue => AppProtocolKey::Text(text.clone()),
+    let app_protocol = port.app_protocol.as_deref().map(|text| match identity {
+        AppProtocolIdentity::ByValue => AppProtocolKey::Text(text),
         AppProtocolIdentity::ByOccurrence => {
             *occurrences += 1;
             AppProtocolKey::Occurrence(*occurrences)
         }
     });
     PortKey {
-        name: port.name.clone().unwrap_or_default(),
+        name: port.name.as_deref().unwrap_or_default(),
         port: port.port,
-        protocol: port.protocol.clone().unwrap_or_default(),
+        protocol: port.protocol.as_deref().unwrap_or_default(),
         app_protocol,
     }
 }

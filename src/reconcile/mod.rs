@@ -13,6 +13,8 @@ pub mod trigger;
 pub mod verify;
 
 #[cfg(test)]
+mod flip_profile;
+#[cfg(test)]
 mod guard_tests;
 #[cfg(test)]
 mod sync_tests;

@@ -1,11 +1,13 @@
 //! How each cached kind is keyed, and what of it the cache keeps.
 
-use k8s_openapi::api::core::v1::{Endpoints, Node, ObjectReference};
+use k8s_openapi::api::core::v1::{EndpointSubset, Endpoints, Node, ObjectReference};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::ResourceExt;
+use serde_json::value::RawValue;
 
 use crate::desired::slices::{self, NodeInfo};
 use crate::desired::{self, PodInfo};
+use crate::wire::EndpointsWire;
 use hardened_watcher::Whole;
 
 /// A Service as the cache keeps it: whole, less its managedFields.
@@ -55,6 +57,37 @@ impl PackedObject {
         let mut obj = strip_managed_fields(obj);
         let field = take(&mut obj);
         let field_json = serde_json::to_string(&field).ok()?;
+        Self::pack(obj, field_json.into_boxed_str())
+    }
+
+    /// Packs `obj` (managedFields dropped; its list field already out) with
+    /// that field as it came on the wire, `raw`: kept as that very text when
+    /// it reads as serde_json would write it (compact, and no escape, so a
+    /// string is its bytes and [`Self::references`] finds a UID in it), else
+    /// decoded as `F` and written again. Either way it decodes to the same
+    /// field; the first way spares decoding and re-encoding every address of
+    /// an object on each of its events (docs/cpu-profile.md). `None` if the
+    /// field does not decode as `F` or the object cannot be encoded.
+    fn from_wire<K, F>(obj: K, raw: Option<&RawValue>) -> Option<(Self, K)>
+    where
+        K: kube::Resource + serde::Serialize,
+        F: serde::de::DeserializeOwned + serde::Serialize,
+    {
+        let field_json: Box<str> = match raw {
+            None => "null".into(),
+            Some(raw) if reads_as_written(raw.get()) => raw.get().into(),
+            Some(raw) => {
+                let field: F = serde_json::from_str(raw.get()).ok()?;
+                serde_json::to_string(&field).ok()?.into_boxed_str()
+            }
+        };
+        Self::pack(strip_managed_fields(obj), field_json)
+    }
+
+    fn pack<K>(obj: K, field_json: Box<str>) -> Option<(Self, K)>
+    where
+        K: kube::Resource + serde::Serialize,
+    {
         let object_json = serde_json::to_string(&obj).ok()?;
         let meta = obj.meta();
         let packed = Self {
@@ -62,7 +95,7 @@ impl PackedObject {
             uid: meta_str(&meta.uid).into(),
             resource_version: meta_str(&meta.resource_version).into(),
             object_json: object_json.into_boxed_str(),
-            field_json: field_json.into_boxed_str(),
+            field_json,
         };
         Some((packed, obj))
     }
@@ -106,6 +139,23 @@ impl CachedEndpoints {
     /// `None` only if the object cannot be encoded, which a decoded object can.
     pub fn new(ep: Endpoints) -> Option<Self> {
         let (packed, ep) = PackedObject::new(ep, |ep| ep.subsets.take())?;
+        Some(Self {
+            packed,
+            managed_by: managed_by(&ep).map(Into::into),
+        })
+    }
+
+    /// Endpoints as read from the API ([`EndpointsWire`]: the subsets left
+    /// as JSON text; see [`PackedObject::from_wire`]). `None` if the subsets
+    /// do not decode or the object cannot be encoded.
+    pub fn from_wire(wire: EndpointsWire) -> Option<Self> {
+        let EndpointsWire { metadata, subsets } = wire;
+        let ep = Endpoints {
+            metadata,
+            subsets: None,
+        };
+        let (packed, ep) =
+            PackedObject::from_wire::<_, Option<Vec<EndpointSubset>>>(ep, subsets.as_deref())?;
         Some(Self {
             packed,
             managed_by: managed_by(&ep).map(Into::into),
@@ -331,6 +381,17 @@ impl Cached for PodInfo {
     }
 }
 
+/// Whether JSON text reads exactly as serde_json would write the same
+/// values: no whitespace (serde_json writes none; kube-apiserver neither, but
+/// a proxy may) and no escape (serde_json and Go escape differently: Go
+/// writes `<` as `\u003c`). Whitespace inside a string also says no: the
+/// text is then written again, which is only slower.
+fn reads_as_written(text: &str) -> bool {
+    !text
+        .bytes()
+        .any(|b| matches!(b, b'\\' | b' ' | b'\n' | b'\r' | b'\t'))
+}
+
 /// managedFields are often the largest part of an object and nothing here reads
 /// them; an update sent without them leaves the server's record as it is. So
 /// no object goes into a cache with them.
@@ -340,59 +401,5 @@ pub fn strip_managed_fields<K: kube::Resource>(mut obj: K) -> K {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn endpoints() -> Endpoints {
-        serde_json::from_value(serde_json::json!({
-            "metadata": {
-                "namespace": "ns", "name": "web", "uid": "ep-uid", "resourceVersion": "12",
-                "labels": {"endpoints.kubernetes.io/managed-by": "endpoint-controller"},
-                "annotations": {"x": "y"},
-                "managedFields": [{"manager": "kcm", "operation": "Update", "fieldsV1": {"f:subsets": {}}}],
-            },
-            "subsets": [{
-                "addresses": [{"ip": "10.0.0.1", "nodeName": "n",
-                    "targetRef": {"kind": "Pod", "namespace": "ns", "name": "a", "uid": "pod-\"a\""}}],
-                "notReadyAddresses": [{"ip": "10.0.0.2",
-                    "targetRef": {"kind": "Pod", "namespace": "ns", "name": "b", "uid": "pod-b"}}],
-                "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
-            }],
-        }))
-        .expect("endpoints")
-    }
-
-    #[test]
-    fn cached_endpoints_decode_to_the_object_without_managed_fields() {
-        let cached = CachedEndpoints::new(endpoints()).expect("encodes");
-        let mut want = endpoints();
-        want.metadata.managed_fields = None;
-        assert_eq!(cached.decode().expect("decodes"), want);
-        assert_eq!(cached.key(), ObjectKey::new("ns", "web"));
-        assert_eq!((cached.uid(), cached.resource_version()), ("ep-uid", "12"));
-        assert_eq!(cached.managed_by(), Some(desired::UPSTREAM_MANAGER));
-        assert!(cached.is_deletable());
-
-        let mut bare = endpoints();
-        bare.subsets = None;
-        bare.metadata.labels = None;
-        let cached = CachedEndpoints::new(bare).expect("encodes");
-        assert_eq!(cached.decode().expect("decodes").subsets, None);
-        assert!(!cached.is_deletable(), "no managed-by label");
-    }
-
-    #[test]
-    fn target_refs_are_found_by_uid_in_both_address_lists() {
-        let cached = CachedEndpoints::new(endpoints()).expect("encodes");
-        let cases = [
-            ("ready address, quotes escaped", "pod-\"a\"", true),
-            ("not-ready address", "pod-b", true),
-            ("the Endpoints' own uid is no targetRef", "ep-uid", false),
-            ("a prefix of a uid", "pod-", false),
-            ("unknown", "pod-c", false),
-        ];
-        for (case, uid, want) in cases {
-            assert_eq!(cached.references(&TargetRefUid::new(uid)), want, "{case}");
-        }
-    }
-}
+#[path = "objects_tests.rs"]
+mod tests;

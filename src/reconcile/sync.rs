@@ -4,8 +4,9 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Endpoints, ObjectReference};
-use kube::Api;
 use kube::api::{DeleteParams, PostParams, Preconditions};
+use kube::core::Request;
+use kube::{Api, Resource};
 use tracing::{debug, info, warn};
 
 use std::collections::HashSet;
@@ -17,6 +18,7 @@ use crate::config::{Controller, Mode};
 use crate::desired::{self, PodInfo};
 use crate::error::{Error, Result, api_code};
 use crate::kinds::{Kind, ServiceKind};
+use crate::wire::EndpointsWire;
 use hardened_watcher::{Cached, Confirmation, LiveRead, ObjectKey, ReadStamp, live};
 
 /// A write to the Endpoints API.
@@ -182,28 +184,30 @@ async fn apply(
         debug!(%key, "not the leader (any more): not writing");
         return Ok(());
     }
-    let api: Api<Endpoints> = Api::namespaced(ctx.client.clone(), &key.namespace);
     let stamp = ctx.stores.endpoints.read_stamp();
-    let result = match current {
-        None => api.create(&PostParams::default(), &wanted).await,
-        Some(_) => {
-            api.replace(&key.name, &PostParams::default(), &wanted)
-                .await
-        }
-    };
-    match result {
+    match write_endpoints(ctx, key, verb, &wanted).await {
         Ok(written) => {
             ctx.metrics
                 .endpoints_writes
                 .with_label_values(&[verb.as_str()])
                 .inc();
             debug!(%key, %verb, "wrote Endpoints");
+            // The pods our write dropped, by what we sent (the cache's copy of
+            // what was written decides, in `release_dropped_pods`, whether
+            // anything still names them).
+            let dropped = current
+                .map(|current| dropped_pods(pod_target_refs(current), pod_target_refs(&wanted)))
+                .unwrap_or_default();
             // The cache learns our own write now, so the next reconcile compares
             // against it rather than writing again before the watch catches up.
-            let dropped = current
-                .map(|current| dropped_pods(pod_target_refs(current), pod_target_refs(&written)))
-                .unwrap_or_default();
-            remember(ctx, key, written, &stamp);
+            match CachedEndpoints::from_wire(written) {
+                Some(cached) => {
+                    ctx.stores.endpoints.restore(cached, &stamp);
+                }
+                None => {
+                    warn!(%key, "the Endpoints written could not be read for the cache; waiting for the watch")
+                }
+            }
             release_dropped_pods(ctx, &key.namespace, dropped);
             Ok(())
         }
@@ -235,6 +239,28 @@ async fn apply(
             Err(Error::kube("writing endpoints", key.to_string(), err))
         }
     }
+}
+
+/// Creates (`Verb::Create`) or replaces Endpoints: what `Api::create` and
+/// `Api::replace` do, but the answer is decoded as [`EndpointsWire`], its
+/// subsets kept as text for the cache instead of decoded address by address
+/// only to be encoded again.
+async fn write_endpoints(
+    ctx: &Context,
+    key: &ObjectKey,
+    verb: Verb,
+    wanted: &Endpoints,
+) -> std::result::Result<EndpointsWire, kube::Error> {
+    let request = Request::new(Endpoints::url_path(&(), Some(&key.namespace)));
+    let body = serde_json::to_vec(wanted).map_err(kube::Error::SerdeError)?;
+    let params = PostParams::default();
+    let (built, name) = match verb {
+        Verb::Create => (request.create(&params, body), "create"),
+        _ => (request.replace(&key.name, &params, body), "replace"),
+    };
+    let mut req = built.map_err(kube::Error::BuildRequest)?;
+    req.extensions_mut().insert(name);
+    ctx.client.request::<EndpointsWire>(req).await
 }
 
 /// Pods (name, uid) that the `current` targetRefs name and the `written`

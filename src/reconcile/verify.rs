@@ -212,11 +212,11 @@ fn targets(ctx: &Context) -> Vec<Target> {
 async fn check(ctx: &Context, target: &Target, second: bool) -> Verdict {
     ctx.metrics.ghost_scan_reads.inc();
     let read = match target.kind {
-        Kind::Pod => live::get_metadata::<Pod>(&ctx.client, &(), &target.key).await,
-        Kind::Service => live::get_metadata::<Service>(&ctx.client, &(), &target.key).await,
+        Kind::Pod => live::get_uid::<Pod>(&ctx.client, &(), &target.key).await,
+        Kind::Service => live::get_uid::<Service>(&ctx.client, &(), &target.key).await,
     };
     let found_uid = match read {
-        Ok(LiveRead::Found(meta)) => Some(meta.uid.unwrap_or_default()),
+        Ok(LiveRead::Found(uid)) => Some(uid),
         Ok(LiveRead::Gone) => None,
         Err(err) => {
             debug!(object = %target.key, resource = target.kind.resource(), error = %err, "ghost scan: read failed; skipped");

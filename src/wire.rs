@@ -1,0 +1,217 @@
+//! Decode targets for the hot watch paths: what the projections read of an
+//! object, and nothing else.
+//!
+//! A Pod watch event is ~4 KB of JSON of which [`PodInfo`] keeps a few
+//! fields; decoding it whole as `k8s_openapi`'s `Pod` builds every string of
+//! its spec and status and, above all, a `serde_json::Value` tree of every
+//! managedFields entry, only to drop them (docs/cpu-profile.md: 60% of the
+//! CPU of a pod event). [`PodWire`] names only the fields [`PodInfo`] is made
+//! of; the parser skips the rest without building it. Both go through the one
+//! projection, [`PodInfo::from_source`].
+//!
+//! The difference from a whole decode is only in what is malformed: a pod
+//! whose unread fields have the wrong JSON type decodes here, where a whole
+//! decode would skip it as undecodable. Such a pod cannot come from
+//! kube-apiserver, which validates what it stores.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{ContainerPort, Endpoints, Pod, PodCondition, PodIP};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use serde::{Deserialize, Deserializer};
+use serde_json::value::RawValue;
+
+use crate::desired::{ContainerView, PodInfo, PodSource};
+
+/// A Pod as the watch decodes it: the fields [`PodInfo`] is made of.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct PodWire {
+    #[serde(default, deserialize_with = "slim_meta")]
+    metadata: ObjectMeta,
+    #[serde(default)]
+    spec: Option<SpecWire>,
+    #[serde(default)]
+    status: Option<StatusWire>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct MetaWire {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default)]
+    uid: Option<String>,
+    #[serde(default)]
+    resource_version: Option<String>,
+    #[serde(default)]
+    labels: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    deletion_timestamp: Option<Time>,
+}
+
+/// The metadata fields a projection reads, as an `ObjectMeta` (the rest,
+/// managedFields first, skipped unbuilt).
+fn slim_meta<'de, D: Deserializer<'de>>(de: D) -> Result<ObjectMeta, D::Error> {
+    let meta = Option::<MetaWire>::deserialize(de)?.unwrap_or_default();
+    Ok(ObjectMeta {
+        name: meta.name,
+        namespace: meta.namespace,
+        uid: meta.uid,
+        resource_version: meta.resource_version,
+        labels: meta.labels,
+        deletion_timestamp: meta.deletion_timestamp,
+        ..ObjectMeta::default()
+    })
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SpecWire {
+    #[serde(default)]
+    containers: Option<Vec<ContainerWire>>,
+    #[serde(default)]
+    init_containers: Option<Vec<ContainerWire>>,
+    #[serde(default)]
+    hostname: Option<String>,
+    #[serde(default)]
+    subdomain: Option<String>,
+    #[serde(default)]
+    node_name: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ContainerWire {
+    #[serde(default)]
+    ports: Option<Vec<ContainerPort>>,
+    #[serde(default)]
+    restart_policy: Option<String>,
+}
+
+impl ContainerWire {
+    fn view(&self) -> ContainerView<'_> {
+        ContainerView {
+            ports: self.ports.as_deref().unwrap_or_default(),
+            restart_policy: self.restart_policy.as_deref(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct StatusWire {
+    #[serde(default)]
+    phase: Option<String>,
+    #[serde(default, rename = "podIP")]
+    pod_ip: Option<String>,
+    #[serde(default, rename = "podIPs")]
+    pod_ips: Option<Vec<PodIP>>,
+    #[serde(default)]
+    conditions: Option<Vec<PodCondition>>,
+}
+
+impl PodWire {
+    /// The cached projection ([`PodInfo::from_source`]).
+    pub fn project(self) -> Option<PodInfo> {
+        PodInfo::from_source(&self)
+    }
+}
+
+impl PodSource for PodWire {
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn containers(&self) -> impl Iterator<Item = ContainerView<'_>> {
+        self.spec
+            .iter()
+            .flat_map(|s| s.containers.iter().flatten().map(ContainerWire::view))
+    }
+    fn init_containers(&self) -> impl Iterator<Item = ContainerView<'_>> {
+        self.spec
+            .iter()
+            .flat_map(|s| s.init_containers.iter().flatten().map(ContainerWire::view))
+    }
+    fn hostname(&self) -> Option<&str> {
+        self.spec.as_ref().and_then(|s| s.hostname.as_deref())
+    }
+    fn subdomain(&self) -> Option<&str> {
+        self.spec.as_ref().and_then(|s| s.subdomain.as_deref())
+    }
+    fn node_name(&self) -> Option<&str> {
+        self.spec.as_ref().and_then(|s| s.node_name.as_deref())
+    }
+    fn phase(&self) -> Option<&str> {
+        self.status.as_ref().and_then(|s| s.phase.as_deref())
+    }
+    fn pod_ip(&self) -> Option<&str> {
+        self.status.as_ref().and_then(|s| s.pod_ip.as_deref())
+    }
+    fn pod_ips(&self) -> &[PodIP] {
+        self.status
+            .as_ref()
+            .and_then(|s| s.pod_ips.as_deref())
+            .unwrap_or_default()
+    }
+    fn conditions(&self) -> &[PodCondition] {
+        self.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_deref())
+            .unwrap_or_default()
+    }
+}
+
+impl k8s_openapi::Resource for PodWire {
+    const API_VERSION: &'static str = <Pod as k8s_openapi::Resource>::API_VERSION;
+    const GROUP: &'static str = <Pod as k8s_openapi::Resource>::GROUP;
+    const KIND: &'static str = <Pod as k8s_openapi::Resource>::KIND;
+    const VERSION: &'static str = <Pod as k8s_openapi::Resource>::VERSION;
+    const URL_PATH_SEGMENT: &'static str = <Pod as k8s_openapi::Resource>::URL_PATH_SEGMENT;
+    type Scope = <Pod as k8s_openapi::Resource>::Scope;
+}
+
+impl k8s_openapi::Metadata for PodWire {
+    type Ty = ObjectMeta;
+    fn metadata(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn metadata_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// Endpoints as the watch and our writes decode them: the metadata, and the
+/// subsets left as JSON text for the cache to keep
+/// (`CachedEndpoints::from_wire`): decoding every address only to encode it
+/// again was most of the CPU of an Endpoints event.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct EndpointsWire {
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub subsets: Option<Box<RawValue>>,
+}
+
+impl k8s_openapi::Resource for EndpointsWire {
+    const API_VERSION: &'static str = <Endpoints as k8s_openapi::Resource>::API_VERSION;
+    const GROUP: &'static str = <Endpoints as k8s_openapi::Resource>::GROUP;
+    const KIND: &'static str = <Endpoints as k8s_openapi::Resource>::KIND;
+    const VERSION: &'static str = <Endpoints as k8s_openapi::Resource>::VERSION;
+    const URL_PATH_SEGMENT: &'static str = <Endpoints as k8s_openapi::Resource>::URL_PATH_SEGMENT;
+    type Scope = <Endpoints as k8s_openapi::Resource>::Scope;
+}
+
+impl k8s_openapi::Metadata for EndpointsWire {
+    type Ty = ObjectMeta;
+    fn metadata(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn metadata_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+#[cfg(test)]
+#[path = "wire_tests.rs"]
+mod tests;
