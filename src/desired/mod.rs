@@ -129,8 +129,8 @@ pub fn compute_subsets(svc: &Service, pods: &[&PodInfo]) -> ComputedSubsets {
             continue;
         };
         let ready = publish_not_ready || pod.ready();
-        let single = |ports| {
-            let addresses = Some(vec![address.clone()]);
+        let single = |address: EndpointAddress, ports| {
+            let addresses = Some(vec![address]);
             if ready {
                 EndpointSubset {
                     addresses,
@@ -148,16 +148,28 @@ pub fn compute_subsets(svc: &Service, pods: &[&PodInfo]) -> ComputedSubsets {
         if service_ports.is_empty() {
             // Only a headless Service ("None", not merely empty) lists pods without ports.
             if headless {
-                expanded.push(single(None));
+                expanded.push(single(address, None));
             }
             continue;
         }
-        for service_port in service_ports {
-            if let Some(number) = ports::resolve_target_port(service_port, pod) {
-                expanded.push(single(Some(vec![ports::endpoint_port(
-                    service_port,
-                    number,
-                )])));
+        let pod_ports: Vec<_> = service_ports
+            .iter()
+            .filter_map(|service_port| {
+                ports::resolve_target_port(service_port, pod)
+                    .map(|number| ports::endpoint_port(service_port, number))
+            })
+            .collect();
+        // A copy of the address for every port but the last, which takes it.
+        let last = pod_ports.len();
+        let mut address = Some(address);
+        for (at, port) in pod_ports.into_iter().enumerate() {
+            let copy = if at + 1 == last {
+                address.take()
+            } else {
+                address.clone()
+            };
+            if let Some(copy) = copy {
+                expanded.push(single(copy, Some(vec![port])));
             }
         }
     }

@@ -194,6 +194,38 @@ fn stage_ghost_read(rt: &tokio::runtime::Runtime, ctx: &Context, key: &ObjectKey
     }
 }
 
+/// What the ghost scan's answer costs to decode, three ways: a whole Pod
+/// (had the scan read the object), its `ObjectMeta` (the scan before), its
+/// UID only (`live::get_uid`).
+#[inline(never)]
+fn stage_decode_pod(text: &str) -> usize {
+    let pod: Pod = serde_json::from_str(text).unwrap_or_else(|err| panic!("{err}"));
+    pod.metadata.uid.map_or(0, |uid| uid.len())
+}
+
+#[inline(never)]
+fn stage_decode_meta(text: &str) -> usize {
+    let meta: kube::core::PartialObjectMeta<Pod> =
+        serde_json::from_str(text).unwrap_or_else(|err| panic!("{err}"));
+    meta.metadata.uid.map_or(0, |uid| uid.len())
+}
+
+#[derive(serde::Deserialize)]
+struct UidOnly {
+    metadata: UidMeta,
+}
+
+#[derive(serde::Deserialize)]
+struct UidMeta {
+    uid: Option<String>,
+}
+
+#[inline(never)]
+fn stage_decode_uid(text: &str) -> usize {
+    let only: UidOnly = serde_json::from_str(text).unwrap_or_else(|err| panic!("{err}"));
+    only.metadata.uid.map_or(0, |uid| uid.len())
+}
+
 fn fill<K: Kind>(ctx: &Context, objects: impl Iterator<Item = Value>) {
     for object in objects {
         let obj: K::Object = serde_json::from_value(object).unwrap_or_else(|err| panic!("{err}"));
@@ -275,6 +307,11 @@ fn flip_profile() {
             format!("svc-{}-p{}", index % SERVICES, index / SERVICES),
         );
         stage_ghost_read(&rt, &ctx, &pod_key);
+
+        let whole = pod_json(index, rv, ready[index]).to_string();
+        let meta = meta.to_string();
+        let uids = stage_decode_pod(&whole) + stage_decode_meta(&meta) + stage_decode_uid(&meta);
+        assert_eq!(uids, 3 * 36, "three UIDs read");
     }
     let writes = ctx
         .metrics
