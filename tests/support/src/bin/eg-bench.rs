@@ -6,6 +6,7 @@
 //! eg-bench [--size S|M|L] [--kind endpoints|endpointslices|both] [--rate PODS_PER_S]
 //!          [--churn-secs N] [--steady-secs N] [--resync-secs N] [--out DIR]
 //!          [--only endpoints-guard|kube-controller-manager] [--upstream-arg FLAG]...
+//!          [--ghost-scan-qps N]
 //! eg-bench --render [--out DIR]    # rewrite the report*.md from report*.json
 //! ```
 //!
@@ -22,7 +23,7 @@ fn usage() -> &'static str {
     "usage: eg-bench [--size S|M|L] [--kind endpoints|endpointslices|both] [--rate N] \
      [--churn-secs N] [--steady-secs N] \
      [--resync-secs N] [--out DIR] [--only endpoints-guard|kube-controller-manager] \
-     [--upstream-arg FLAG]... | eg-bench --render [--out DIR]"
+     [--upstream-arg FLAG]... [--ghost-scan-qps N] | eg-bench --render [--out DIR]"
 }
 
 fn parse() -> Result<BenchOptions> {
@@ -61,6 +62,9 @@ fn parse() -> Result<BenchOptions> {
             "--resync-secs" => opts.resync_interval = secs(&value)?,
             "--out" => opts.out_dir = PathBuf::from(value),
             "--upstream-arg" => opts.upstream_args.push(value),
+            "--ghost-scan-qps" => {
+                opts.ghost_scan_qps = value.parse().context("--ghost-scan-qps")?
+            }
             "--only" => {
                 opts.controllers = match value.as_str() {
                     "endpoints-guard" => vec![Controller::Guard],
