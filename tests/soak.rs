@@ -130,12 +130,7 @@ async fn converge(ctx: &Ctx, ended: Instant, budget: Duration) -> (Option<f64>, 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn soak() {
     let report = run().await.expect("soak");
-    let short = report.duration_seconds < 600.0;
-    let dir = workspace_root().expect("workspace root").join(if short {
-        "target/soak/short"
-    } else {
-        "target/soak"
-    });
+    let dir = report_dir(report.duration_seconds).expect("workspace root");
     report.write(&dir).expect("report written");
     println!("{}", report.markdown());
     eprintln!("soak report: {}", dir.display());
@@ -342,27 +337,6 @@ async fn run() -> Result<Report> {
             spurious_deletions.len()
         ));
     }
-    let judged = Instant::now();
-    let spurious_slice_removals: Vec<String> = ctx
-        .slice_observer
-        .spurious_deletions()
-        .into_iter()
-        .filter(|r| {
-            !ctx.ghost_ips
-                .iter()
-                .any(|ip| r.starts_with(&format!("{ip} ")))
-        })
-        .collect();
-    eprintln!(
-        "soak: slice removals judged in {:.1}s",
-        judged.elapsed().as_secs_f64()
-    );
-    if !spurious_slice_removals.is_empty() {
-        failures.push(format!(
-            "{} endpoints removed from EndpointSlices while their Service selected a live pod",
-            spurious_slice_removals.len()
-        ));
-    }
     let trends = stats::trends(&samples, run_seconds);
     for t in trends.iter().filter(|t| !t.flat) {
         failures.push(format!(
@@ -394,8 +368,9 @@ async fn run() -> Result<Report> {
             guard.process.log_tail(40)
         );
     }
-    Ok(Report {
-        passed: failures.is_empty(),
+    drop(guard);
+    let mut report = Report {
+        passed: false,
         failures,
         duration_seconds: run_seconds,
         resync_interval_seconds: RESYNC.as_secs_f64(),
@@ -413,8 +388,48 @@ async fn run() -> Result<Report> {
         initial_sync_seconds: (initial_sync_seconds * 10.0).round() / 10.0,
         episodes,
         spurious_deletions,
-        spurious_slice_removals,
+        spurious_slice_removals: Vec::new(),
         trends,
         samples,
-    })
+    };
+    // Judging the slice history takes a while after a long run (it replays
+    // every slice event): a report is written before, in case it is cut short.
+    let mut provisional = report.clone();
+    provisional
+        .failures
+        .push("EndpointSlice removals not judged yet".to_string());
+    provisional.write(&report_dir(run_seconds)?)?;
+    let judged = Instant::now();
+    let spurious_slice_removals: Vec<String> = ctx
+        .slice_observer
+        .spurious_deletions()
+        .into_iter()
+        .filter(|r| {
+            !ctx.ghost_ips
+                .iter()
+                .any(|ip| r.starts_with(&format!("{ip} ")))
+        })
+        .collect();
+    eprintln!(
+        "soak: slice removals judged in {:.1}s",
+        judged.elapsed().as_secs_f64()
+    );
+    if !spurious_slice_removals.is_empty() {
+        report.failures.push(format!(
+            "{} endpoints removed from EndpointSlices while their Service selected a live pod",
+            spurious_slice_removals.len()
+        ));
+    }
+    report.spurious_slice_removals = spurious_slice_removals;
+    report.passed = report.failures.is_empty();
+    Ok(report)
+}
+
+/// target/soak/ for runs of 10 minutes or more, else target/soak/short/.
+fn report_dir(run_seconds: f64) -> Result<std::path::PathBuf> {
+    Ok(workspace_root()?.join(if run_seconds < 600.0 {
+        "target/soak/short"
+    } else {
+        "target/soak"
+    }))
 }
