@@ -5,7 +5,7 @@
 //! slices are watched straight from kube-apiserver (one etcd, one revision
 //! order), their histories kept, and judged afterwards by [`History::removals`].
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::{Pod, Service};
@@ -145,74 +145,120 @@ pub(super) fn spawn(
     ]
 }
 
-/// The last version of `name` in `epoch` before `rv`.
-fn at<'a, T>(versions: &'a [Version<T>], name: &str, epoch: u64, rv: u64) -> Option<&'a T> {
-    versions
-        .iter()
-        .filter(|v| v.name == name && v.epoch == epoch && v.rv < rv)
-        .max_by_key(|v| v.rv)
+/// The versions of each name, in (epoch, rv) order.
+fn by_name<T>(versions: &[Version<T>]) -> HashMap<&str, Vec<&Version<T>>> {
+    let mut index: HashMap<&str, Vec<&Version<T>>> = HashMap::new();
+    for v in versions {
+        index.entry(v.name.as_str()).or_default().push(v);
+    }
+    for list in index.values_mut() {
+        list.sort_by_key(|v| (v.epoch, v.rv));
+    }
+    index
+}
+
+/// The last of `versions` (in (epoch, rv) order) in `epoch` before `rv`.
+fn at<'a, T>(versions: &[&'a Version<T>], epoch: u64, rv: u64) -> Option<&'a T> {
+    let end = versions.partition_point(|v| (v.epoch, v.rv) < (epoch, rv));
+    versions[..end]
+        .last()
+        .filter(|v| v.epoch == epoch)
         .and_then(|v| v.state.as_ref())
 }
 
-impl History {
+/// The histories indexed for the judgement: by name, and pod names by every
+/// address they ever had.
+struct Index<'a> {
+    services: HashMap<&'a str, Vec<&'a Version<Option<Labels>>>>,
+    pods: HashMap<&'a str, Vec<&'a Version<PodState>>>,
+    pods_by_ip: HashMap<&'a str, BTreeSet<&'a str>>,
+}
+
+impl Index<'_> {
     /// Whether, at `rv` of `epoch`, Service `service` selected a live pod
     /// that has `ip`.
     fn wanted(&self, service: &str, ip: &str, epoch: u64, rv: u64) -> bool {
-        let Some(Some(selector)) = at(&self.services, service, epoch, rv) else {
+        let Some(Some(selector)) = self.services.get(service).and_then(|v| at(v, epoch, rv)) else {
             return false;
         };
-        let pods: BTreeSet<&str> = self.pods.iter().map(|p| p.name.as_str()).collect();
-        pods.into_iter()
-            .filter_map(|name| at(&self.pods, name, epoch, rv))
+        self.pods_by_ip
+            .get(ip)
+            .into_iter()
+            .flatten()
+            .filter_map(|name| self.pods.get(name).and_then(|v| at(v, epoch, rv)))
             .any(|pod| {
                 pod.ips.contains(ip) && selector.iter().all(|(k, v)| pod.labels.get(k) == Some(v))
             })
     }
+}
 
+impl History {
     /// Every endpoint removed from a Service's slices while that Service
     /// selected a live pod with its address. An address that leaves one
     /// slice and is back in the Service's next slice event (moved between
     /// slices) is not a removal.
     pub fn removals(&self) -> Vec<String> {
+        let mut pods_by_ip: HashMap<&str, BTreeSet<&str>> = HashMap::new();
+        for pod in &self.pods {
+            for ip in pod.state.iter().flat_map(|p| &p.ips) {
+                pods_by_ip.entry(ip).or_default().insert(&pod.name);
+            }
+        }
+        let index = Index {
+            services: by_name(&self.services),
+            pods: by_name(&self.pods),
+            pods_by_ip,
+        };
         let mut events: Vec<&Version<SliceState>> = self.slices.iter().collect();
         events.sort_by_key(|v| (v.epoch, v.rv));
-        // Replay: each event's Service and the union of its addresses after.
-        let mut slices: BTreeMap<(u64, &str), &SliceState> = BTreeMap::new();
-        let mut unions: Vec<(&Version<SliceState>, String, BTreeSet<String>)> = Vec::new();
+        // Replay, per (epoch, Service): its slices now, and the union of
+        // their addresses after each of its slice events, in order.
+        let mut owner: HashMap<(u64, &str), &str> = HashMap::new();
+        let mut slices: HashMap<(u64, &str), BTreeMap<&str, &SliceState>> = HashMap::new();
+        let mut unions: BTreeMap<(u64, &str), Vec<(&Version<SliceState>, BTreeSet<&str>)>> =
+            BTreeMap::new();
         for v in events {
-            let service = match (&v.state, slices.get(&(v.epoch, v.name.as_str()))) {
-                (Some(now), _) => now.service.clone(),
-                (None, Some(before)) => before.service.clone(),
+            let key = (v.epoch, v.name.as_str());
+            let service = match (&v.state, owner.get(&key)) {
+                (Some(now), _) => now.service.as_str(),
+                (None, Some(before)) => before,
                 (None, None) => continue,
             };
+            let of_service = slices.entry((v.epoch, service)).or_default();
             match &v.state {
-                Some(state) => slices.insert((v.epoch, v.name.as_str()), state),
-                None => slices.remove(&(v.epoch, v.name.as_str())),
-            };
-            let union = slices
-                .iter()
-                .filter(|((epoch, _), s)| *epoch == v.epoch && s.service == service)
-                .flat_map(|(_, s)| s.addresses.iter().cloned())
+                Some(state) => {
+                    owner.insert(key, state.service.as_str());
+                    of_service.insert(&v.name, state);
+                }
+                None => {
+                    owner.remove(&key);
+                    of_service.remove(v.name.as_str());
+                }
+            }
+            let union = of_service
+                .values()
+                .flat_map(|s| s.addresses.iter().map(String::as_str))
                 .collect();
-            unions.push((v, service, union));
+            unions.entry((v.epoch, service)).or_default().push((v, union));
         }
         let mut found = Vec::new();
-        for (i, (v, service, after)) in unions.iter().enumerate() {
-            let same = |(w, s, _): &&(&Version<SliceState>, String, BTreeSet<String>)| {
-                s == service && w.epoch == v.epoch
-            };
-            let before = unions[..i].iter().rev().find(same).map(|(_, _, u)| u);
-            let next = unions[i + 1..].iter().find(same).map(|(_, _, u)| u);
-            for ip in before.into_iter().flat_map(|b| b.difference(after)) {
-                if next.is_some_and(|n| n.contains(ip)) {
+        for ((_, service), history) in &unions {
+            for (i, window) in history.windows(2).enumerate() {
+                let [(_, before), (v, after)] = window else {
                     continue;
-                }
-                if self.wanted(service, ip, v.epoch, v.rv) {
-                    found.push(format!(
-                        "{ip} left the slices of {service} at rv {}{}",
-                        v.rv,
-                        if v.relisted { " (found by relist)" } else { "" }
-                    ));
+                };
+                let next = history.get(i + 2).map(|(_, u)| u);
+                for ip in before.difference(after) {
+                    if next.is_some_and(|n| n.contains(ip)) {
+                        continue;
+                    }
+                    if index.wanted(service, ip, v.epoch, v.rv) {
+                        found.push(format!(
+                            "{ip} left the slices of {service} at rv {}{}",
+                            v.rv,
+                            if v.relisted { " (found by relist)" } else { "" }
+                        ));
+                    }
                 }
             }
         }
