@@ -192,6 +192,9 @@ impl Index<'_> {
     }
 }
 
+/// A slice event and the addresses of its Service's slices after it.
+type Union<'a> = (&'a Version<SliceState>, BTreeSet<&'a str>);
+
 impl History {
     /// Every endpoint removed from a Service's slices while that Service
     /// selected a live pod with its address. An address that leaves one
@@ -215,8 +218,7 @@ impl History {
         // their addresses after each of its slice events, in order.
         let mut owner: HashMap<(u64, &str), &str> = HashMap::new();
         let mut slices: HashMap<(u64, &str), BTreeMap<&str, &SliceState>> = HashMap::new();
-        let mut unions: BTreeMap<(u64, &str), Vec<(&Version<SliceState>, BTreeSet<&str>)>> =
-            BTreeMap::new();
+        let mut unions: BTreeMap<(u64, &str), Vec<Union>> = BTreeMap::new();
         for v in events {
             let key = (v.epoch, v.name.as_str());
             let service = match (&v.state, owner.get(&key)) {
@@ -239,7 +241,10 @@ impl History {
                 .values()
                 .flat_map(|s| s.addresses.iter().map(String::as_str))
                 .collect();
-            unions.entry((v.epoch, service)).or_default().push((v, union));
+            unions
+                .entry((v.epoch, service))
+                .or_default()
+                .push((v, union));
         }
         let mut found = Vec::new();
         for ((_, service), history) in &unions {
