@@ -62,7 +62,10 @@ doc: toolchain
 parity: controlplane
 	EG_PARITY_SCALE=full $(CARGO) test --release --test parity --test slice_parity -- --nocapture
 
-# Bench size: S = 100 Services × 1,000 pods, M = 1,000 × 10,000, L = 3,000 × 30,000.
+# Bench size: S = 100 Services × 1,000 pods, M = 1,000 × 10,000, L = 3,000 × 30,000,
+# XL = 10,000 × 100,000, or a number N of Services (N × 10N). Each size runs
+# endpoints-guard, kube-controller-manager (client QPS 20) and kube-controller-manager
+# with --kube-api-qps/--kube-api-burst 1000 (docs/bench-xl.md).
 SIZE ?= S
 
 .PHONY: bench

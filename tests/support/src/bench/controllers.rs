@@ -1,5 +1,8 @@
-//! The two controllers under test, each with its own ServiceAccount (bound to
-//! cluster-admin) so the audit log tells their requests apart.
+//! The controllers under test, each with its own ServiceAccount (bound to
+//! cluster-admin) so the audit log tells their requests apart: endpoints-guard,
+//! kube-controller-manager with its default client limits (QPS 20, burst 30)
+//! and kube-controller-manager again with raised limits, so that its cold sync
+//! shows the controller rather than its client's rate limiter.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -24,20 +27,43 @@ pub enum Controller {
     Guard,
     #[serde(rename = "kube-controller-manager")]
     Upstream,
+    /// kube-controller-manager with `--kube-api-qps` / `--kube-api-burst`
+    /// raised (`BenchOptions::fast_upstream_qps`).
+    #[serde(rename = "kube-controller-manager-fast")]
+    UpstreamFast,
 }
 
 impl Controller {
+    /// Every controller, in the order a run measures them.
+    pub const ALL: [Controller; 3] = [
+        Controller::Guard,
+        Controller::Upstream,
+        Controller::UpstreamFast,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
             Controller::Guard => "endpoints-guard",
             Controller::Upstream => "kube-controller-manager",
+            Controller::UpstreamFast => "kube-controller-manager-fast",
         }
+    }
+
+    /// `name()` back to the controller (`--only`).
+    pub fn named(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|c| c.name() == name)
+    }
+
+    /// Whether it is kube-controller-manager (either client limit).
+    pub fn is_upstream(self) -> bool {
+        self != Controller::Guard
     }
 
     fn account(self) -> &'static str {
         match self {
             Controller::Guard => "eg-bench-guard",
             Controller::Upstream => "eg-bench-kcm",
+            Controller::UpstreamFast => "eg-bench-kcm-fast",
         }
     }
 

@@ -1,6 +1,8 @@
 //! `make bench`: endpoints-guard side by side with kube-controller-manager on
 //! the local control plane, each alone in turn on the same objects, for one
-//! [`Kind`] or both: Endpoints (endpoints-guard `--controllers=endpoints`
+//! [`Kind`] or both, and kube-controller-manager a second time with its client
+//! limits raised (`--kube-api-qps` / `--kube-api-burst`, [`Controller::UpstreamFast`]):
+//! Endpoints (endpoints-guard `--controllers=endpoints`
 //! against `endpoints-controller`) or EndpointSlices (`--controllers=endpointslices`
 //! against `endpointslice-controller`).
 //!
@@ -68,8 +70,12 @@ pub struct BenchOptions {
     pub controllers: Vec<Controller>,
     /// The kinds measured, in turn, on the same control plane and workload.
     pub kinds: Vec<Kind>,
-    /// Extra kube-controller-manager flags (e.g. `--kube-api-qps=100`).
+    /// Extra kube-controller-manager flags (e.g. `--kube-api-qps=100`), for
+    /// both of its runs.
     pub upstream_args: Vec<String>,
+    /// `--kube-api-qps` and `--kube-api-burst` of [`Controller::UpstreamFast`]
+    /// (its default client limits are QPS 20, burst 30).
+    pub fast_upstream_qps: u32,
     /// Requests in flight while creating the workload.
     pub setup_parallelism: usize,
     /// How long cold sync may take before the run fails.
@@ -87,9 +93,10 @@ impl BenchOptions {
             ghost_scan_qps: 20.0,
             out_dir,
             guard_binary,
-            controllers: vec![Controller::Guard, Controller::Upstream],
+            controllers: Controller::ALL.to_vec(),
             kinds: vec![Kind::Endpoints],
             upstream_args: Vec::new(),
+            fast_upstream_qps: 1000,
             setup_parallelism: 32,
             cold_sync_timeout: Duration::from_secs(1800),
         }
@@ -160,14 +167,15 @@ pub async fn run(opts: BenchOptions) -> Result<Vec<RunResult>> {
             let (run, lat) = bench.measure(controller).await?;
             runs.push(run);
             latencies.push((controller, lat));
+            // After every run, so a long run stopped part way keeps what it measured.
+            report::write_all(
+                &bench.opts.out_dir,
+                kind,
+                &bench.opts.size.name,
+                &runs,
+                &latencies,
+            )?;
         }
-        report::write_all(
-            &bench.opts.out_dir,
-            kind,
-            &bench.opts.size.name,
-            &runs,
-            &latencies,
-        )?;
         all_runs.extend(runs);
     }
     Ok(all_runs)
@@ -220,10 +228,7 @@ impl Bench {
             .prefix("eg-bench-")
             .tempdir()
             .context("creating the bench's temporary folder")?;
-        let users: Vec<String> = [Controller::Guard, Controller::Upstream]
-            .iter()
-            .map(|c| c.user())
-            .collect();
+        let users: Vec<String> = Controller::ALL.iter().map(|c| c.user()).collect();
         let policy = dir.path().join("audit-policy.yaml");
         std::fs::write(&policy, audit::policy(&users)).context("writing the audit policy")?;
         let audit_log = dir.path().join("audit.log");
@@ -243,7 +248,7 @@ impl Bench {
         let cp = ControlPlane::start(cp_opts).await?;
         let client = cp.client();
         let mut kubeconfigs = BTreeMap::new();
-        for c in [Controller::Guard, Controller::Upstream] {
+        for c in Controller::ALL {
             kubeconfigs.insert(c.name(), controllers::credentials(&cp, c).await?);
         }
         let workload = BenchWorkload::generate(&opts.size);
@@ -264,10 +269,12 @@ impl Bench {
     }
 
     /// Between controllers: every pod Ready again, no Endpoints or
-    /// EndpointSlices left.
+    /// EndpointSlices left. Churn flips the pods in order, so only the first
+    /// `rate × churn` of them can be not ready (at XL, 600 of 100,000).
     async fn reset(&self) -> Result<()> {
         let client = &self.client;
-        let results: Vec<Result<()>> = stream::iter(&self.workload.pods)
+        let flipped = self.workload.pods.len().min(self.churn_total() as usize);
+        let results: Vec<Result<()>> = stream::iter(&self.workload.pods[..flipped])
             .map(|pod| set_ready(client, pod, true))
             .buffer_unordered(self.opts.setup_parallelism)
             .collect()
@@ -311,7 +318,25 @@ impl Bench {
                 &self.opts.upstream_args,
                 log_name,
             ),
+            Controller::UpstreamFast => {
+                // Last, so they win over the same flags in `upstream_args`.
+                let mut args = self.opts.upstream_args.clone();
+                args.push(format!("--kube-api-qps={}", self.opts.fast_upstream_qps));
+                args.push(format!("--kube-api-burst={}", self.opts.fast_upstream_qps));
+                controllers::start_upstream(
+                    &self.cp,
+                    self.kubeconfig(c)?,
+                    self.kind,
+                    &args,
+                    log_name,
+                )
+            }
         }
+    }
+
+    /// Flips in one churn phase.
+    fn churn_total(&self) -> u64 {
+        (u64::from(self.opts.churn_rate.max(1)) * self.opts.churn.as_secs()).max(1)
     }
 
     async fn measure_phases(&self, c: Controller) -> Result<(RunResult, Vec<f64>)> {
@@ -399,6 +424,11 @@ impl Bench {
             phases,
             resync,
             ghost_scan_qps: (c == Controller::Guard).then_some(self.opts.ghost_scan_qps),
+            client_qps: match c {
+                Controller::Guard => None,
+                Controller::Upstream => Some(upstream_qps(&self.opts.upstream_args)),
+                Controller::UpstreamFast => Some(self.opts.fast_upstream_qps),
+            },
         });
         Ok((run, latencies))
     }
@@ -430,7 +460,7 @@ impl Bench {
     /// Flips `rate` pods a second for the churn duration; returns (flips, failed writes).
     async fn churn(&self) -> Result<(u64, u64)> {
         let rate = self.opts.churn_rate.max(1);
-        let total = (u64::from(rate) * self.opts.churn.as_secs()).max(1);
+        let total = self.churn_total();
         let pods = &self.workload.pods;
         let mut ticker = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(rate)));
         let limit = Arc::new(Semaphore::new(32));
@@ -501,6 +531,14 @@ impl Bench {
         r.process.stop().await?;
         Ok((resync, (from, end)))
     }
+}
+
+/// kube-controller-manager's client QPS under `args` (its default is 20).
+fn upstream_qps(args: &[String]) -> u32 {
+    args.iter()
+        .rev()
+        .find_map(|a| a.strip_prefix("--kube-api-qps=")?.parse::<f64>().ok())
+        .map_or(20, |q| q as u32)
 }
 
 /// A phase's name, figures and time window `[from, to)`.

@@ -50,9 +50,47 @@ pub struct RunResult {
     /// endpoints-guard's `--ghost-scan-qps` in this run.
     #[serde(default)]
     pub ghost_scan_qps: Option<f64>,
+    /// kube-controller-manager's `--kube-api-qps` in this run (none for
+    /// endpoints-guard; reports written before it was recorded: 20).
+    #[serde(default)]
+    pub client_qps: Option<u32>,
 }
 
 impl RunResult {
+    /// Peak RSS over the pods of the workload, in bytes.
+    pub fn rss_bytes_per_pod(&self) -> f64 {
+        if self.pods == 0 {
+            0.0
+        } else {
+            self.peak_rss_mb * 1024.0 * 1024.0 / self.pods as f64
+        }
+    }
+
+    /// API requests a second in the cold phase: against the client's QPS it
+    /// shows whether the rate limiter set the cold sync's pace.
+    pub fn cold_requests_per_s(&self) -> f64 {
+        let Some(cold) = self.phases.get("cold") else {
+            return 0.0;
+        };
+        let n: u64 = cold.requests.values().sum();
+        if self.cold_sync_s > 0.0 {
+            n as f64 / self.cold_sync_s
+        } else {
+            0.0
+        }
+    }
+
+    /// The column heading of its controller.
+    pub fn label(&self) -> String {
+        match self.controller {
+            Controller::Guard => "endpoints-guard".into(),
+            Controller::Upstream | Controller::UpstreamFast => format!(
+                "kube-controller-manager, QPS {}",
+                self.client_qps.unwrap_or(20)
+            ),
+        }
+    }
+
     /// The ghost scan in the steady phase, where it makes every request:
     /// (reads, reads a second, CPU µs per read). `None` for upstream.
     pub fn ghost_scan_cost(&self) -> Option<(u64, f64, f64)> {
@@ -117,6 +155,7 @@ pub(super) struct Parts<'a> {
     pub phases: BTreeMap<String, Phase>,
     pub resync: Option<Resync>,
     pub ghost_scan_qps: Option<f64>,
+    pub client_qps: Option<u32>,
 }
 
 /// Nearest-rank percentile of sorted values (0 when empty).
@@ -165,6 +204,7 @@ pub(super) fn assemble(parts: Parts<'_>) -> RunResult {
         phases: parts.phases,
         resync: parts.resync,
         ghost_scan_qps: parts.ghost_scan_qps,
+        client_qps: parts.client_qps,
     }
 }
 
@@ -200,8 +240,9 @@ pub(super) fn write_all(
         .unwrap_or_default();
     report.runs.retain(|r| r.size != size);
     report.runs.extend(runs.iter().cloned());
-    let order = |s: &str| ["S", "M", "L"].iter().position(|x| *x == s).unwrap_or(9);
-    report.runs.sort_by_key(|r| order(&r.size));
+    // Smallest first (S, M, L, XL, numbered sizes in between); stable, so a
+    // size's runs stay in their order.
+    report.runs.sort_by_key(|r| r.pods);
     std::fs::write(&json_path, serde_json::to_string_pretty(&report)? + "\n")
         .with_context(|| format!("writing {}", json_path.display()))?;
     let md = dir.join(report_file(kind, "md"));
@@ -309,26 +350,47 @@ pub fn markdown(kind: Kind, runs: &[RunResult]) -> String {
                 .copied()
                 .find(|r| r.size == size && r.controller == c)
         };
-        let (ours, theirs) = (of(Controller::Guard), of(Controller::Upstream));
-        let any = ours.or(theirs).expect("a run of this size");
+        let (ours, theirs, fast) = (
+            of(Controller::Guard),
+            of(Controller::Upstream),
+            of(Controller::UpstreamFast),
+        );
+        let any = ours.or(theirs).or(fast).expect("a run of this size");
         let _ = writeln!(
             out,
             "\n## Size {size}: {} Services × {} pods (setup {:.1} s)\n",
             any.services, any.pods, any.setup_s
         );
-        out.push_str(
-            "| figure | endpoints-guard | kube-controller-manager | ratio |\n|---|---|---|---|\n",
+        // Columns: each controller measured at this size, then ours over each
+        // kube-controller-manager run.
+        let columns: Vec<&RunResult> = [ours, theirs, fast].into_iter().flatten().collect();
+        let against: Vec<&RunResult> = if ours.is_some() {
+            [theirs, fast].into_iter().flatten().collect()
+        } else {
+            Vec::new()
+        };
+        let mut head = "| figure |".to_string();
+        for r in &columns {
+            let _ = write!(head, " {} |", r.label());
+        }
+        for t in &against {
+            let _ = write!(head, " ours / QPS {} |", t.client_qps.unwrap_or(20));
+        }
+        let _ = writeln!(
+            out,
+            "{head}\n|{}",
+            "---|".repeat(1 + columns.len() + against.len())
         );
-        let cell =
-            |r: Option<&RunResult>, f: &dyn Fn(&RunResult) -> String| r.map_or("—".to_string(), f);
         let num = |name: &str, f: &dyn Fn(&RunResult) -> f64, digits: usize| {
-            let a = cell(ours, &|r| format!("{:.*}", digits, f(r)));
-            let b = cell(theirs, &|r| format!("{:.*}", digits, f(r)));
-            let q = match (ours, theirs) {
-                (Some(o), Some(t)) => ratio(f(o), f(t)),
-                _ => "—".into(),
-            };
-            format!("| {name} | {a} | {b} | {q} |\n")
+            let mut line = format!("| {name} |");
+            for r in &columns {
+                let _ = write!(line, " {:.*} |", digits, f(r));
+            }
+            for t in &against {
+                let q = ours.map_or("—".into(), |o| ratio(f(o), f(t)));
+                let _ = write!(line, " {q} |");
+            }
+            line + "\n"
         };
         out += &num("cold sync (s)", &|r| r.cold_sync_s, 2);
         out += &num("churn p50 (ms)", &|r| r.churn_p50_ms, 1);
@@ -346,6 +408,7 @@ pub fn markdown(kind: Kind, runs: &[RunResult]) -> String {
             &|r| r.peak_rss_main_mb,
             1,
         );
+        out += &num("peak RSS per pod (bytes)", &RunResult::rss_bytes_per_pod, 0);
         out += &num(
             &format!("{} writes (watch events)", kind.objects()),
             &|r| r.writes as f64,
@@ -370,22 +433,30 @@ pub fn markdown(kind: Kind, runs: &[RunResult]) -> String {
             &|r| r.requests.values().sum::<u64>() as f64,
             0,
         );
+        out += &num(
+            "cold-sync API requests per s (vs client QPS)",
+            &RunResult::cold_requests_per_s,
+            1,
+        );
+        let missed: Vec<String> = columns
+            .iter()
+            .map(|r| format!("{} {}", r.label(), r.churn_missed))
+            .collect();
         let _ = writeln!(
             out,
-            "\nChurn: {} pods/s for {} flips; missed: ours {}, upstream {}.\n",
+            "\nChurn: {} pods/s for {} flips; missed: {}.\n",
             any.churn_rate_per_s,
             any.churn_flips,
-            cell(ours, &|r| r.churn_missed.to_string()),
-            cell(theirs, &|r| r.churn_missed.to_string())
+            missed.join(", ")
         );
         out.push_str("| controller | phase | wall (s) | CPU (s) | writes | requests |\n|---|---|---|---|---|---|\n");
-        for r in [ours, theirs].into_iter().flatten() {
+        for r in columns.iter().copied() {
             for name in ["cold", "churn", "steady"] {
                 if let Some(p) = r.phases.get(name) {
                     let _ = writeln!(
                         out,
                         "| {} | {name} | {:.1} | {:.2} | {} | {} |",
-                        r.controller.name(),
+                        r.label(),
                         p.wall_s,
                         p.cpu_s,
                         p.writes,
@@ -398,7 +469,7 @@ pub fn markdown(kind: Kind, runs: &[RunResult]) -> String {
                     let _ = writeln!(
                         out,
                         "| {} | resync (one full diff; process peak RSS {:.1} MiB) | {:.2} | {:.2} | — | {} |",
-                        r.controller.name(),
+                        r.label(),
                         s.peak_rss_mb,
                         s.duration_s,
                         s.cpu_s,
@@ -409,7 +480,7 @@ pub fn markdown(kind: Kind, runs: &[RunResult]) -> String {
                     let _ = writeln!(
                         out,
                         "| {} | resync | n/a: its informer resync replays the cache; a relist is what its cold phase shows (client-go ≥ 1.34 lists through a streaming watch, sendInitialEvents) | | | |",
-                        r.controller.name()
+                        r.label()
                     );
                 }
             }
@@ -527,7 +598,7 @@ pub fn cdf_svg(kind: Kind, size: &str, series: &[(Controller, Vec<f64>)]) -> Str
             y(f) + 4.0
         );
     }
-    let colors = ["#1f77b4", "#d62728"];
+    let colors = ["#1f77b4", "#d62728", "#2ca02c"];
     for (i, (controller, values)) in series.iter().enumerate() {
         let color = colors[i % colors.len()];
         let n = values.len().max(1) as f64;

@@ -15,7 +15,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 
-/// A bench size: `S`, `M` or `L` (or a custom one).
+/// A bench size: `S`, `M`, `L` or `XL`, or a number of Services (10 pods each).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BenchSize {
     pub name: String,
@@ -25,13 +25,21 @@ pub struct BenchSize {
 }
 
 impl BenchSize {
-    /// `S` = 100 Services × 1,000 pods, `M` = 1,000 × 10,000, `L` = 3,000 × 30,000.
+    /// `S` = 100 Services × 1,000 pods, `M` = 1,000 × 10,000, `L` = 3,000 ×
+    /// 30,000, `XL` = 10,000 × 100,000 (the scale of Kubernetes' own
+    /// scalability thresholds); a number `N` = N Services × 10·N pods.
     pub fn named(name: &str) -> Result<Self> {
-        let services = match name {
-            "S" | "s" => 100,
-            "M" | "m" => 1_000,
-            "L" | "l" => 3_000,
-            other => bail!("unknown bench size {other:?} (use S, M or L)"),
+        let services = match name.to_ascii_uppercase().as_str() {
+            "S" => 100,
+            "M" => 1_000,
+            "L" => 3_000,
+            "XL" => 10_000,
+            other => match other.parse::<usize>() {
+                Ok(n) if n > 0 => n,
+                _ => {
+                    bail!("unknown bench size {other:?} (use S, M, L, XL or a number of Services)")
+                }
+            },
         };
         Ok(Self {
             name: name.to_ascii_uppercase(),
@@ -161,9 +169,25 @@ impl BenchWorkload {
                 anyhow::Ok(())
             })
             .await?;
+        // Progress every 10,000 pods: at XL setup takes minutes.
+        let created = std::sync::atomic::AtomicUsize::new(0);
+        let pods_start = Instant::now();
+        let total = self.pods.len();
         stream::iter(self.pods.iter().enumerate().map(Ok))
-            .try_for_each_concurrent(parallel, |(i, pod)| async move {
-                create_pod(client, pod, i).await
+            .try_for_each_concurrent(parallel, |(i, pod)| {
+                let created = &created;
+                async move {
+                    create_pod(client, pod, i).await?;
+                    let n = created.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                    if n.is_multiple_of(10_000) && n < total {
+                        let secs = pods_start.elapsed().as_secs_f64();
+                        eprintln!(
+                            "eg-bench: {n} of {total} pods created in {secs:.0} s ({:.0} pods/s)",
+                            n as f64 / secs.max(1e-9)
+                        );
+                    }
+                    anyhow::Ok(())
+                }
             })
             .await?;
         Ok(start.elapsed())

@@ -1,12 +1,15 @@
-//! `make bench [SIZE=S|M|L] [KIND=endpoints|endpointslices|both]`:
+//! `make bench [SIZE=S|M|L|XL|N] [KIND=endpoints|endpointslices|both]`:
 //! endpoints-guard side by side with kube-controller-manager's endpoints
-//! (or endpointslice) controller; see `eg_testsupport::bench`.
+//! (or endpointslice) controller, at its default client QPS (20) and again
+//! with `--kube-api-qps`/`--kube-api-burst` raised (`--fast-qps`, default
+//! 1000; 0 leaves that run out); see `eg_testsupport::bench`.
 //!
 //! ```text
-//! eg-bench [--size S|M|L] [--kind endpoints|endpointslices|both] [--rate PODS_PER_S]
+//! eg-bench [--size S|M|L|XL|N] [--kind endpoints|endpointslices|both] [--rate PODS_PER_S]
 //!          [--churn-secs N] [--steady-secs N] [--resync-secs N] [--out DIR]
-//!          [--only endpoints-guard|kube-controller-manager] [--upstream-arg FLAG]...
-//!          [--ghost-scan-qps N]
+//!          [--only CONTROLLER[,CONTROLLER]...] [--upstream-arg FLAG]...
+//!          [--ghost-scan-qps N] [--fast-qps N]
+//!   CONTROLLER: endpoints-guard | kube-controller-manager | kube-controller-manager-fast
 //! eg-bench --render [--out DIR]    # rewrite the report*.md from report*.json
 //! ```
 //!
@@ -20,10 +23,11 @@ use eg_testsupport::bench::{self, BenchOptions, BenchSize, Controller, Kind};
 use eg_testsupport::binaries::workspace_root;
 
 fn usage() -> &'static str {
-    "usage: eg-bench [--size S|M|L] [--kind endpoints|endpointslices|both] [--rate N] \
+    "usage: eg-bench [--size S|M|L|XL|N] [--kind endpoints|endpointslices|both] [--rate N] \
      [--churn-secs N] [--steady-secs N] \
-     [--resync-secs N] [--out DIR] [--only endpoints-guard|kube-controller-manager] \
-     [--upstream-arg FLAG]... [--ghost-scan-qps N] | eg-bench --render [--out DIR]"
+     [--resync-secs N] [--out DIR] \
+     [--only endpoints-guard|kube-controller-manager|kube-controller-manager-fast[,...]] \
+     [--upstream-arg FLAG]... [--ghost-scan-qps N] [--fast-qps N] | eg-bench --render [--out DIR]"
 }
 
 fn parse() -> Result<BenchOptions> {
@@ -65,15 +69,21 @@ fn parse() -> Result<BenchOptions> {
             "--ghost-scan-qps" => {
                 opts.ghost_scan_qps = value.parse().context("--ghost-scan-qps")?
             }
+            "--fast-qps" => opts.fast_upstream_qps = value.parse().context("--fast-qps")?,
             "--only" => {
-                opts.controllers = match value.as_str() {
-                    "endpoints-guard" => vec![Controller::Guard],
-                    "kube-controller-manager" => vec![Controller::Upstream],
-                    other => bail!("--only {other}: unknown controller"),
-                }
+                opts.controllers = value
+                    .split(',')
+                    .map(|name| {
+                        Controller::named(name.trim())
+                            .with_context(|| format!("--only {name}: unknown controller"))
+                    })
+                    .collect::<Result<_>>()?;
             }
             other => bail!("unknown flag {other}; {}", usage()),
         }
+    }
+    if opts.fast_upstream_qps == 0 {
+        opts.controllers.retain(|c| *c != Controller::UpstreamFast);
     }
     if render_only {
         for md in bench::report::render_markdown(&opts.out_dir)? {
