@@ -21,7 +21,33 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 
+use crate::desired::spec_and_status_accessors;
 use crate::desired::{ContainerView, PodInfo, PodSource};
+
+/// A wire type stands for the API object `$of` (same URL, kind and
+/// metadata), so the watcher and `Api` treat it as that object.
+macro_rules! wire_of {
+    ($wire:ty, $of:ty) => {
+        impl k8s_openapi::Resource for $wire {
+            const API_VERSION: &'static str = <$of as k8s_openapi::Resource>::API_VERSION;
+            const GROUP: &'static str = <$of as k8s_openapi::Resource>::GROUP;
+            const KIND: &'static str = <$of as k8s_openapi::Resource>::KIND;
+            const VERSION: &'static str = <$of as k8s_openapi::Resource>::VERSION;
+            const URL_PATH_SEGMENT: &'static str = <$of as k8s_openapi::Resource>::URL_PATH_SEGMENT;
+            type Scope = <$of as k8s_openapi::Resource>::Scope;
+        }
+
+        impl k8s_openapi::Metadata for $wire {
+            type Ty = ObjectMeta;
+            fn metadata(&self) -> &ObjectMeta {
+                &self.metadata
+            }
+            fn metadata_mut(&mut self) -> &mut ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    };
+}
 
 /// A Pod as the watch decodes it: the fields [`PodInfo`] is made of.
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -133,53 +159,10 @@ impl PodSource for PodWire {
             .iter()
             .flat_map(|s| s.init_containers.iter().flatten().map(ContainerWire::view))
     }
-    fn hostname(&self) -> Option<&str> {
-        self.spec.as_ref().and_then(|s| s.hostname.as_deref())
-    }
-    fn subdomain(&self) -> Option<&str> {
-        self.spec.as_ref().and_then(|s| s.subdomain.as_deref())
-    }
-    fn node_name(&self) -> Option<&str> {
-        self.spec.as_ref().and_then(|s| s.node_name.as_deref())
-    }
-    fn phase(&self) -> Option<&str> {
-        self.status.as_ref().and_then(|s| s.phase.as_deref())
-    }
-    fn pod_ip(&self) -> Option<&str> {
-        self.status.as_ref().and_then(|s| s.pod_ip.as_deref())
-    }
-    fn pod_ips(&self) -> &[PodIP] {
-        self.status
-            .as_ref()
-            .and_then(|s| s.pod_ips.as_deref())
-            .unwrap_or_default()
-    }
-    fn conditions(&self) -> &[PodCondition] {
-        self.status
-            .as_ref()
-            .and_then(|s| s.conditions.as_deref())
-            .unwrap_or_default()
-    }
+    spec_and_status_accessors!();
 }
 
-impl k8s_openapi::Resource for PodWire {
-    const API_VERSION: &'static str = <Pod as k8s_openapi::Resource>::API_VERSION;
-    const GROUP: &'static str = <Pod as k8s_openapi::Resource>::GROUP;
-    const KIND: &'static str = <Pod as k8s_openapi::Resource>::KIND;
-    const VERSION: &'static str = <Pod as k8s_openapi::Resource>::VERSION;
-    const URL_PATH_SEGMENT: &'static str = <Pod as k8s_openapi::Resource>::URL_PATH_SEGMENT;
-    type Scope = <Pod as k8s_openapi::Resource>::Scope;
-}
-
-impl k8s_openapi::Metadata for PodWire {
-    type Ty = ObjectMeta;
-    fn metadata(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn metadata_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+wire_of!(PodWire, Pod);
 
 /// Endpoints as the watch and our writes decode them: the metadata, and the
 /// subsets left as JSON text for the cache to keep
@@ -193,24 +176,7 @@ pub struct EndpointsWire {
     pub subsets: Option<Box<RawValue>>,
 }
 
-impl k8s_openapi::Resource for EndpointsWire {
-    const API_VERSION: &'static str = <Endpoints as k8s_openapi::Resource>::API_VERSION;
-    const GROUP: &'static str = <Endpoints as k8s_openapi::Resource>::GROUP;
-    const KIND: &'static str = <Endpoints as k8s_openapi::Resource>::KIND;
-    const VERSION: &'static str = <Endpoints as k8s_openapi::Resource>::VERSION;
-    const URL_PATH_SEGMENT: &'static str = <Endpoints as k8s_openapi::Resource>::URL_PATH_SEGMENT;
-    type Scope = <Endpoints as k8s_openapi::Resource>::Scope;
-}
-
-impl k8s_openapi::Metadata for EndpointsWire {
-    type Ty = ObjectMeta;
-    fn metadata(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn metadata_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+wire_of!(EndpointsWire, Endpoints);
 
 #[cfg(test)]
 #[path = "wire_tests.rs"]

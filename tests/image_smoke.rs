@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use common::{eventually, metric_value};
+use eg_testsupport::loopback;
 use eg_testsupport::process::free_port;
 use eg_testsupport::{ControlPlane, ControlPlaneOptions};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
@@ -30,7 +31,6 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBind
 use kube::api::{ListParams, PostParams};
 use kube::{Api, Client};
 use serde::de::DeserializeOwned;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The chart's release name: its namespace, ServiceAccount, roles and Lease.
 const RELEASE: &str = "endpoints-guard";
@@ -447,21 +447,14 @@ fn docker(args: &[&str]) -> Result<String> {
 
 /// GET `path` on 127.0.0.1:`port`; the body of a 200, else an error.
 async fn http_get(port: u16, path: &str) -> Result<String> {
-    let fetch = async {
-        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-        stream
-            .write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
-            .await?;
-        let mut buf = String::new();
-        stream.read_to_string(&mut buf).await?;
-        anyhow::Ok(buf)
-    };
-    let buf = tokio::time::timeout(Duration::from_secs(5), fetch)
-        .await
-        .context("request timed out")??;
-    let (head, body) = buf.split_once("\r\n\r\n").unwrap_or((buf.as_str(), ""));
-    if head.split_whitespace().nth(1) != Some("200") {
-        bail!("GET {path}: {head}");
+    let (code, body) = tokio::time::timeout(
+        Duration::from_secs(5),
+        loopback::request(port, "GET", path, "text/plain", ""),
+    )
+    .await
+    .context("request timed out")??;
+    if code != 200 {
+        bail!("GET {path}: status {code}");
     }
-    Ok(body.to_string())
+    Ok(body)
 }

@@ -117,6 +117,43 @@ pub trait PodSource {
     fn conditions(&self) -> &[PodCondition];
 }
 
+/// The [`PodSource`] accessors that read `self.spec` and `self.status` by
+/// field name: the same for `Pod` and for the watch's slim `PodWire`
+/// (`src/wire.rs`), whose spec and status keep those fields under the same
+/// names and types.
+macro_rules! spec_and_status_accessors {
+    () => {
+        fn hostname(&self) -> Option<&str> {
+            self.spec.as_ref().and_then(|s| s.hostname.as_deref())
+        }
+        fn subdomain(&self) -> Option<&str> {
+            self.spec.as_ref().and_then(|s| s.subdomain.as_deref())
+        }
+        fn node_name(&self) -> Option<&str> {
+            self.spec.as_ref().and_then(|s| s.node_name.as_deref())
+        }
+        fn phase(&self) -> Option<&str> {
+            self.status.as_ref().and_then(|s| s.phase.as_deref())
+        }
+        fn pod_ip(&self) -> Option<&str> {
+            self.status.as_ref().and_then(|s| s.pod_ip.as_deref())
+        }
+        fn pod_ips(&self) -> &[PodIP] {
+            self.status
+                .as_ref()
+                .and_then(|s| s.pod_ips.as_deref())
+                .unwrap_or_default()
+        }
+        fn conditions(&self) -> &[PodCondition] {
+            self.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_deref())
+                .unwrap_or_default()
+        }
+    };
+}
+pub(crate) use spec_and_status_accessors;
+
 impl PodSource for Pod {
     fn meta(&self) -> &ObjectMeta {
         &self.metadata
@@ -131,33 +168,7 @@ impl PodSource for Pod {
             .iter()
             .flat_map(|s| s.init_containers.iter().flatten().map(ContainerView::of))
     }
-    fn hostname(&self) -> Option<&str> {
-        self.spec.as_ref().and_then(|s| s.hostname.as_deref())
-    }
-    fn subdomain(&self) -> Option<&str> {
-        self.spec.as_ref().and_then(|s| s.subdomain.as_deref())
-    }
-    fn node_name(&self) -> Option<&str> {
-        self.spec.as_ref().and_then(|s| s.node_name.as_deref())
-    }
-    fn phase(&self) -> Option<&str> {
-        self.status.as_ref().and_then(|s| s.phase.as_deref())
-    }
-    fn pod_ip(&self) -> Option<&str> {
-        self.status.as_ref().and_then(|s| s.pod_ip.as_deref())
-    }
-    fn pod_ips(&self) -> &[PodIP] {
-        self.status
-            .as_ref()
-            .and_then(|s| s.pod_ips.as_deref())
-            .unwrap_or_default()
-    }
-    fn conditions(&self) -> &[PodCondition] {
-        self.status
-            .as_ref()
-            .and_then(|s| s.conditions.as_deref())
-            .unwrap_or_default()
-    }
+    spec_and_status_accessors!();
 }
 
 impl PodInfo {

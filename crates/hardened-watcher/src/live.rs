@@ -15,9 +15,8 @@
 
 use std::fmt::Debug;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::core::Request;
 use kube::core::params::GetParams;
-use kube::core::{PartialObjectMeta, Request};
 use serde::de::DeserializeOwned;
 
 pub use super::object::LiveRead;
@@ -74,31 +73,8 @@ where
 }
 
 /// GETs only the metadata of `key` of `K` (a read from etcd, but only
-/// metadata crosses the wire to us): enough to tell whether that incarnation
-/// still exists.
-pub async fn get_metadata<K>(
-    client: &kube::Client,
-    dyntype: &K::DynamicType,
-    key: &ObjectKey,
-) -> Result<LiveRead<ObjectMeta>, kube::Error>
-where
-    K: kube::Resource,
-{
-    let namespace = (!key.namespace.is_empty()).then_some(key.namespace.as_str());
-    let request = Request::new(K::url_path(dyntype, namespace));
-    let mut req = request
-        .get_metadata(&key.name, &GetParams::default())
-        .map_err(kube::Error::BuildRequest)?;
-    req.extensions_mut().insert("get_metadata");
-    let answer = client
-        .request::<PartialObjectMeta<K>>(req)
-        .await
-        .map(|partial| partial.metadata);
-    classify(answer, &key.name, &K::plural(dyntype))
-}
-
-/// GETs the metadata of `key` of `K`, like [`get_metadata`], and reads only
-/// its UID: all the ghost scan compares. The answer's other fields (labels,
+/// metadata crosses the wire to us) and reads only its UID: all the ghost
+/// scan compares, and enough to tell whether that incarnation still exists. The answer's other fields (labels,
 /// annotations, managedFields) are skipped by the parser without being
 /// built, which is most of the CPU of a metadata read (docs/cpu-profile.md).
 /// `Found("")` when the object has no UID.

@@ -25,7 +25,7 @@ mod audit;
 mod controllers;
 mod kind;
 mod observe;
-mod procstat;
+pub mod procstat;
 pub mod report;
 mod workload;
 

@@ -67,30 +67,3 @@ impl GuardProcess {
         }
     }
 }
-
-/// utime + stime of `pid`, in seconds (fields 14 and 15 of /proc/<pid>/stat).
-pub fn cpu_seconds(pid: u32) -> Result<f64> {
-    let path = format!("/proc/{pid}/stat");
-    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
-    let rest = text
-        .rsplit_once(')')
-        .map(|(_, rest)| rest)
-        .ok_or_else(|| anyhow!("{path}: no command name"))?;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| -> Result<u64> {
-        fields
-            .get(i)
-            .ok_or_else(|| anyhow!("{path}: short"))?
-            .parse::<u64>()
-            .with_context(|| format!("{path}: field {}", i + 3))
-    };
-    let total = ticks(11)? + ticks(12)?;
-    // SAFETY: sysconf has no preconditions.
-    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    Ok(total as f64
-        / if per_second > 0 {
-            per_second as f64
-        } else {
-            100.0
-        })
-}

@@ -51,7 +51,7 @@ fn status_field(pid: u32, field: &str) -> Result<f64> {
 pub fn sample(pid: u32, t: f64, metrics: &str, previous: Option<&Sample>) -> Result<Sample> {
     let rss_mib = status_field(pid, "VmRSS:")? / 1024.0;
     let threads = status_field(pid, "Threads:")?;
-    let cpu_seconds = super::guard::cpu_seconds(pid)?;
+    let cpu_seconds = crate::bench::procstat::cpu_seconds(pid)?;
     let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))?.count() as f64;
     let cpu_cores = match previous {
         Some(p) if t > p.t => (cpu_seconds - p.cpu_seconds) / (t - p.t),
