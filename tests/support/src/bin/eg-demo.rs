@@ -146,21 +146,11 @@ async fn replay_failure_a(cp: &ControlPlane, proxy: &ChaosProxy) -> Result<()> {
         let observer = Observer::start(&cp.client(), ns);
         let port = free_port()?;
         let log = cp.log_dir().join(format!("{who}-replay.log"));
-        let kubeconfig = format!("--kubeconfig={}", proxy.kubeconfig.display());
-        let mut controller = if upstream {
-            cp.start_controller_manager(
-                "endpoints-controller",
-                &[&kubeconfig, "--kube-api-content-type=application/json"],
-            )?
-        } else {
-            let args: Vec<String> = vec![
-                kubeconfig.clone(),
-                format!("--namespace={ns}"),
-                format!("--metrics-addr=127.0.0.1:{port}"),
-                "--controllers=endpoints".to_string(),
-            ];
-            Process::spawn("endpoints-guard", &controller_binary()?, &args, &log)?
+        let which = Pair {
+            upstream: "endpoints-controller",
+            guard: "endpoints",
         };
+        let mut controller = which.start(cp, proxy, upstream, ns, port, &log)?;
         let prometheus = match upstream {
             false => start_prometheus(cp, port).await?,
             true => None,
@@ -314,21 +304,11 @@ async fn replay_pod_delete_for_slices(cp: &ControlPlane, proxy: &ChaosProxy) -> 
         cp.create_namespace(ns).await?;
         let port = free_port()?;
         let log = cp.log_dir().join(format!("slices-{ns}.log"));
-        let kubeconfig = format!("--kubeconfig={}", proxy.kubeconfig.display());
-        let mut controller = if upstream {
-            cp.start_controller_manager(
-                "endpointslice-controller",
-                &[&kubeconfig, "--kube-api-content-type=application/json"],
-            )?
-        } else {
-            let args: Vec<String> = vec![
-                kubeconfig.clone(),
-                format!("--namespace={ns}"),
-                format!("--metrics-addr=127.0.0.1:{port}"),
-                "--controllers=endpointslices".to_string(),
-            ];
-            Process::spawn("endpoints-guard", &controller_binary()?, &args, &log)?
+        let which = Pair {
+            upstream: "endpointslice-controller",
+            guard: "endpointslices",
         };
+        let mut controller = which.start(cp, proxy, upstream, ns, port, &log)?;
         cp.create_service(
             ServiceBuilder::new(ns, "web")
                 .selector("app", "web")
@@ -400,6 +380,42 @@ async fn replay_pod_delete_for_slices(cp: &ControlPlane, proxy: &ChaosProxy) -> 
         cell(rows[1])
     );
     Ok(())
+}
+
+/// One controller of each side for a replay: kube-controller-manager's
+/// `upstream` controller, or endpoints-guard's `--controllers=guard`.
+struct Pair {
+    upstream: &'static str,
+    guard: &'static str,
+}
+
+impl Pair {
+    /// Starts one side behind watch-chaos: upstream, or endpoints-guard on
+    /// namespace `ns` with its metrics on `port` and its log in `log`.
+    fn start(
+        &self,
+        cp: &ControlPlane,
+        proxy: &ChaosProxy,
+        upstream: bool,
+        ns: &str,
+        port: u16,
+        log: &std::path::Path,
+    ) -> Result<Process> {
+        let kubeconfig = format!("--kubeconfig={}", proxy.kubeconfig.display());
+        if upstream {
+            return cp.start_controller_manager(
+                self.upstream,
+                &[&kubeconfig, "--kube-api-content-type=application/json"],
+            );
+        }
+        let args = vec![
+            kubeconfig,
+            format!("--namespace={ns}"),
+            format!("--metrics-addr=127.0.0.1:{port}"),
+            format!("--controllers={}", self.guard),
+        ];
+        Process::spawn("endpoints-guard", &controller_binary()?, &args, log)
+    }
 }
 
 fn step(text: &str) {
