@@ -148,13 +148,20 @@ pub struct Config {
     #[arg(long, env = "EG_MAX_RETRIES", default_value_t = crate::reconcile::queue::MAX_RETRIES, value_parser = clap::value_parser!(u32).range(0..=30))]
     pub max_retries: u32,
 
-    /// Reads a second spent on finding ghosts: objects the API server's watch
-    /// cache keeps after etcd deleted them. Every pod named by an address of
-    /// our Endpoints and every Service with Endpoints is read by GET in turn
-    /// (a 30,000-pod cluster with 3,000 Services takes under 30 min at 20).
-    /// 0 turns it off.
+    /// The most reads a second spent on finding ghosts: objects the API
+    /// server's watch cache keeps after etcd deleted them. Every pod named by
+    /// an address of our Endpoints or slices, and every Service with either,
+    /// is read by GET in turn. 0 turns the scan off.
     #[arg(long, env = "EG_GHOST_SCAN_QPS", default_value_t = 20.0, value_parser = parse_qps)]
     pub ghost_scan_qps: f64,
+
+    /// One ghost-scan pass over all those objects is spread over this long
+    /// (at least one read a second, at most --ghost-scan-qps): a ghost is
+    /// found within about this long where the cap does not bind (up to
+    /// 18,000 pods and Services at the defaults), else within objects / qps.
+    /// 0: read as fast as --ghost-scan-qps allows.
+    #[arg(long, env = "EG_GHOST_SCAN_PERIOD", default_value = "15m", value_parser = parse_duration)]
+    pub ghost_scan_period: Duration,
 
     /// Elect a leader on a coordination.k8s.io Lease: only the leader writes, the
     /// others keep their caches warm. Turn on when running more than one replica.

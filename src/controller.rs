@@ -136,7 +136,10 @@ pub async fn start(
 
     let workers = cfg.workers;
     let resync_interval = cfg.resync_interval;
-    let ghost_scan_qps = cfg.ghost_scan_qps;
+    let ghost_scan = verify::Pace {
+        qps: cfg.ghost_scan_qps,
+        period: cfg.ghost_scan_period,
+    };
     let ctx_main = ctx.clone();
     let mut shutdown_main = shutdown.clone();
     let main = async move {
@@ -177,7 +180,7 @@ pub async fn start(
         ));
         tasks.spawn(verify::run(
             ctx.clone(),
-            ghost_scan_qps,
+            ghost_scan,
             shutdown_main.clone(),
         ));
         stopped(&mut shutdown_main).await;

@@ -308,7 +308,7 @@ impl Metrics {
             )?,
             ghost_scan_reads: IntCounter::with_opts(opts(
                 "ghost_scan_reads_total",
-                "Reads the ghost scan made (its budget is --ghost-scan-qps).",
+                "Reads the ghost scan made (one pass per --ghost-scan-period, at most --ghost-scan-qps a second).",
             ))?,
             ghost_scan_pass_seconds: Gauge::with_opts(opts(
                 "ghost_scan_pass_seconds",

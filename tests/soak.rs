@@ -161,7 +161,11 @@ async fn run() -> Result<Report> {
     let mut guard = GuardProcess::start(
         &binary,
         &proxy.kubeconfig,
-        &["--resync-interval", &resync],
+        // The ghost scan at its full --ghost-scan-qps (no pass period): at
+        // the default 15 min period a pass over this workload would take
+        // 15 min, and the ghost fault could not converge within its budget in
+        // a 30-minute soak; `faults::ghost_scan_bound` assumes this rate.
+        &["--resync-interval", &resync, "--ghost-scan-period", "0"],
         &cp.log_dir().join("endpoints-guard.log"),
     )?;
     let started = Instant::now();

@@ -1,13 +1,16 @@
-//! The ghost scan: reads that reach etcd, on a fixed request budget, for what
-//! the API server's watch cache may hold wrongly.
+//! The ghost scan: reads that reach etcd, on a request budget, for what the
+//! API server's watch cache may hold wrongly.
 //!
 //! When kube-apiserver's watch cache loses a DELETE (etcd issues 18089 and
 //! 19179, kubernetes 123072), every watch and every LIST keeps the object,
 //! because since v1.34 a consistent LIST is served from that same cache. The
 //! periodic resync cannot see such a ghost; only a GET reaches etcd. So every
 //! pod an address of our Endpoints or an endpoint of our slices points at,
-//! and every Service that has either, is read by GET in turn,
-//! `--ghost-scan-qps` reads a second.
+//! and every Service that has either, is read by GET in turn. A pass is
+//! spread over `--ghost-scan-period` (so its cost grows with the cluster, and
+//! a small cluster is not read through every minute), at least one read a
+//! second and at most `--ghost-scan-qps`: a ghost is found within about one
+//! period plus `RECHECK_AFTER`, or targets / qps where the cap binds.
 //!
 //! A ghost is declared on two reads, `RECHECK_AFTER` apart, that both find
 //! the object gone while the cache still holds the same incarnation: a
@@ -86,21 +89,53 @@ fn verdict(
     }
 }
 
-/// Runs the scan until shutdown; `qps` reads a second (0: never).
-pub async fn run(ctx: Arc<Context>, qps: f64, mut shutdown: watch::Receiver<bool>) {
-    if qps <= 0.0 {
+/// The slowest the scan reads while it has targets: however long the period,
+/// a small cluster is read through in seconds, at a negligible cost.
+const MIN_QPS: f64 = 1.0;
+
+/// How the scan spends its reads.
+#[derive(Clone, Copy, Debug)]
+pub struct Pace {
+    /// The most reads a second (0: the scan is off).
+    pub qps: f64,
+    /// One pass over all targets is spread over this long (0: as fast as
+    /// `qps` allows).
+    pub period: Duration,
+}
+
+impl Pace {
+    /// The wait between two reads of a pass over `targets`: the pass spread
+    /// over `period`, never slower than `MIN_QPS` reads a second and never
+    /// faster than `qps`. The read rate grows with the cluster until `qps`
+    /// caps it, so a small cluster is not read through every few seconds.
+    fn gap(self, targets: usize) -> Duration {
+        let fastest = Duration::from_secs_f64(1.0 / self.qps);
+        let slowest = Duration::from_secs_f64(1.0 / MIN_QPS).max(fastest);
+        let spread = self
+            .period
+            .checked_div(u32::try_from(targets.max(1)).unwrap_or(u32::MAX))
+            .unwrap_or(Duration::ZERO);
+        spread.clamp(fastest, slowest)
+    }
+}
+
+/// Runs the scan until shutdown.
+pub async fn run(ctx: Arc<Context>, pace: Pace, mut shutdown: watch::Receiver<bool>) {
+    if pace.qps <= 0.0 {
         return;
     }
-    let mut ticker = tokio::time::interval(Duration::from_secs_f64(1.0 / qps));
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut gap = pace.gap(0);
+    let mut next_read = Instant::now();
     let mut pass: VecDeque<Target> = VecDeque::new();
     let mut suspects: VecDeque<(Instant, Target)> = VecDeque::new();
     let mut pass_started = Instant::now();
     loop {
         tokio::select! {
-            _ = ticker.tick() => {}
+            () = tokio::time::sleep_until(next_read.into()) => {}
             () = stopped(&mut shutdown) => return,
         }
+        // Behind schedule (a slow read): go on from now rather than burst.
+        next_read = (next_read + gap).max(Instant::now());
         if !ctx.stores.synced() {
             continue;
         }
@@ -114,15 +149,14 @@ pub async fn run(ctx: Arc<Context>, qps: f64, mut shutdown: watch::Receiver<bool
             }
         } else {
             if pass.is_empty() {
-                if !ctx.stores.synced() {
-                    continue;
-                }
                 let took = pass_started.elapsed().as_secs_f64();
                 ctx.metrics.ghost_scan_pass_seconds.set(took);
                 pass = targets(&ctx).into();
                 pass_started = Instant::now();
+                gap = pace.gap(pass.len());
                 debug!(
                     targets = pass.len(),
+                    read_gap_ms = gap.as_millis(),
                     last_pass_seconds = took,
                     "ghost scan: new pass"
                 );
@@ -261,6 +295,36 @@ fn evict(ctx: &Arc<Context>, target: &Target) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pass_is_spread_over_the_period_within_one_read_a_second_and_qps() {
+        let pace = Pace {
+            qps: 20.0,
+            period: Duration::from_secs(900),
+        };
+        let ms = |targets| pace.gap(targets).as_millis();
+        // A few targets: one read a second, not one per 900 s / 3.
+        assert_eq!(ms(3), 1000);
+        assert_eq!(ms(0), 1000);
+        // 1,100 targets (100 Services × 1,000 pods): 900 s / 1,100.
+        assert_eq!(ms(1_100), 818);
+        // 11,000: 12.2 reads a second.
+        assert_eq!(ms(11_000), 81);
+        // 110,000: capped at 20 reads a second, the pass takes 5,500 s.
+        assert_eq!(ms(110_000), 50);
+        // Period 0: as fast as qps allows, at any size.
+        let flat = Pace {
+            qps: 20.0,
+            period: Duration::ZERO,
+        };
+        assert_eq!(flat.gap(3).as_millis(), 50);
+        // A budget below one read a second is kept.
+        let slow = Pace {
+            qps: 0.5,
+            period: Duration::from_secs(900),
+        };
+        assert_eq!(slow.gap(3).as_millis(), 2000);
+    }
 
     #[test]
     fn a_ghost_takes_two_reads_and_a_cache_that_moved_on_is_fine() {
