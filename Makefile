@@ -7,8 +7,8 @@
 #   make parity        full differential tests against kube-controller-manager (Endpoints, EndpointSlices)
 #   make chaos         watch-chaos scenario matrix: endpoints-guard vs kube-controller-manager
 #   make soak          DURATION=30m of workload and rotating faults → target/soak/ (docs/soak.md)
-#   make bench         endpoints-guard vs kube-controller-manager (SIZE=S|M|L,
-#                      KIND=endpoints|endpointslices|both) → target/bench/
+#   make bench         endpoints-guard vs kube-controller-manager (SIZE=S|M|L|XL,
+#                      KIND=endpoints|endpointslices|both, REPEAT=N) → target/bench/
 #   make image-smoke   the runtime image under Docker, as the chart runs it, on the local control plane
 #
 # The control plane programs are built from Go modules (tests/controlplane/); set
@@ -66,12 +66,15 @@ parity: controlplane
 # XL = 10,000 × 100,000, or a number N of Services (N × 10N). Each size runs
 # endpoints-guard, kube-controller-manager (client QPS 20) and kube-controller-manager
 # with --kube-api-qps/--kube-api-burst 1000 (docs/bench-xl.md).
+# REPEAT=N runs every controller N times on the one workload (reports in
+# target/bench/run-<i>/), for the spread between runs.
 SIZE ?= S
+REPEAT ?= 1
 
 .PHONY: bench
 bench: controlplane
 	$(CARGO) build --release $(RELEASE_BINS)
-	SIZE=$(SIZE) KIND=$(KIND) $(CARGO) run --release -p eg-testsupport --bin eg-bench
+	SIZE=$(SIZE) KIND=$(KIND) $(CARGO) run --release -p eg-testsupport --bin eg-bench -- --repeat $(REPEAT)
 
 # Every scenario on a fresh control plane, once per controller, both behind watch-chaos;
 # writes target/chaos/report.json and target/chaos/report.md (make test runs a fast

@@ -178,11 +178,7 @@ pub async fn start(
             resync_interval,
             shutdown_main.clone(),
         ));
-        tasks.spawn(verify::run(
-            ctx.clone(),
-            ghost_scan,
-            shutdown_main.clone(),
-        ));
+        tasks.spawn(verify::run(ctx.clone(), ghost_scan, shutdown_main.clone()));
         stopped(&mut shutdown_main).await;
         info!("shutting down");
         shutdown_queues(&ctx);

@@ -80,6 +80,10 @@ pub struct BenchOptions {
     pub setup_parallelism: usize,
     /// How long cold sync may take before the run fails.
     pub cold_sync_timeout: Duration,
+    /// Rounds of every controller on one control plane and workload (the
+    /// spread between runs without paying the setup again). With more than
+    /// one, round `i`'s reports go to `out_dir/run-<i>/`.
+    pub repeat: usize,
 }
 
 impl BenchOptions {
@@ -99,6 +103,7 @@ impl BenchOptions {
             fast_upstream_qps: 1000,
             setup_parallelism: 32,
             cold_sync_timeout: Duration::from_secs(1800),
+            repeat: 1,
         }
     }
 }
@@ -153,30 +158,33 @@ pub async fn run(opts: BenchOptions) -> Result<Vec<RunResult>> {
     let mut bench = Bench::setup(opts).await?;
     let mut all_runs = Vec::new();
     let mut measured = false;
+    let repeat = bench.opts.repeat.max(1);
     for kind in bench.opts.kinds.clone() {
-        let mut runs = Vec::new();
-        let mut latencies = Vec::new();
-        for &controller in &bench.opts.controllers.clone() {
-            if measured {
-                bench.reset().await?;
+        for round in 1..=repeat {
+            let out_dir = if repeat > 1 {
+                log(&format!("round {round} of {repeat}"));
+                bench.opts.out_dir.join(format!("run-{round}"))
+            } else {
+                bench.opts.out_dir.clone()
+            };
+            let mut runs = Vec::new();
+            let mut latencies = Vec::new();
+            for &controller in &bench.opts.controllers.clone() {
+                if measured {
+                    bench.reset().await?;
+                }
+                if bench.observer.is_none() || bench.kind != kind {
+                    bench.watch(kind).await?;
+                }
+                measured = true;
+                let (run, lat) = bench.measure(controller).await?;
+                runs.push(run);
+                latencies.push((controller, lat));
+                // After every run, so a long run stopped part way keeps what it measured.
+                report::write_all(&out_dir, kind, &bench.opts.size.name, &runs, &latencies)?;
             }
-            if bench.observer.is_none() || bench.kind != kind {
-                bench.watch(kind).await?;
-            }
-            measured = true;
-            let (run, lat) = bench.measure(controller).await?;
-            runs.push(run);
-            latencies.push((controller, lat));
-            // After every run, so a long run stopped part way keeps what it measured.
-            report::write_all(
-                &bench.opts.out_dir,
-                kind,
-                &bench.opts.size.name,
-                &runs,
-                &latencies,
-            )?;
+            all_runs.extend(runs);
         }
-        all_runs.extend(runs);
     }
     Ok(all_runs)
 }

@@ -8,7 +8,7 @@
 //! eg-bench [--size S|M|L|XL|N] [--kind endpoints|endpointslices|both] [--rate PODS_PER_S]
 //!          [--churn-secs N] [--steady-secs N] [--resync-secs N] [--out DIR]
 //!          [--only CONTROLLER[,CONTROLLER]...] [--upstream-arg FLAG]...
-//!          [--ghost-scan-qps N] [--fast-qps N]
+//!          [--ghost-scan-qps N] [--fast-qps N] [--repeat N]
 //!   CONTROLLER: endpoints-guard | kube-controller-manager | kube-controller-manager-fast
 //! eg-bench --render [--out DIR]    # rewrite the report*.md from report*.json
 //! ```
@@ -27,7 +27,7 @@ fn usage() -> &'static str {
      [--churn-secs N] [--steady-secs N] \
      [--resync-secs N] [--out DIR] \
      [--only endpoints-guard|kube-controller-manager|kube-controller-manager-fast[,...]] \
-     [--upstream-arg FLAG]... [--ghost-scan-qps N] [--fast-qps N] | eg-bench --render [--out DIR]"
+     [--upstream-arg FLAG]... [--ghost-scan-qps N] [--fast-qps N] [--repeat N] | eg-bench --render [--out DIR]"
 }
 
 fn parse() -> Result<BenchOptions> {
@@ -70,6 +70,12 @@ fn parse() -> Result<BenchOptions> {
                 opts.ghost_scan_qps = value.parse().context("--ghost-scan-qps")?
             }
             "--fast-qps" => opts.fast_upstream_qps = value.parse().context("--fast-qps")?,
+            "--repeat" => {
+                opts.repeat = value.parse().context("--repeat")?;
+                if opts.repeat == 0 {
+                    bail!("--repeat 0: give at least one round");
+                }
+            }
             "--only" => {
                 opts.controllers = value
                     .split(',')
