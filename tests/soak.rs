@@ -418,6 +418,16 @@ async fn run() -> Result<Report> {
         "soak: slice removals judged in {:.1}s",
         judged.elapsed().as_secs_f64()
     );
+    let named: BTreeSet<&str> = spurious_slice_removals
+        .iter()
+        .filter_map(|r| r.split(" left the slices of ").nth(1)?.split(' ').next())
+        .collect();
+    for service in named.iter().take(5) {
+        eprintln!(
+            "soak: what the observer saw of Service {service}:\n{}",
+            ctx.slice_observer.service_versions(service)
+        );
+    }
     if !spurious_slice_removals.is_empty() {
         report.failures.push(format!(
             "{} endpoints removed from EndpointSlices while their Service selected a live pod",
@@ -426,6 +436,11 @@ async fn run() -> Result<Report> {
     }
     report.spurious_slice_removals = spurious_slice_removals;
     report.passed = report.failures.is_empty();
+    if !report.passed {
+        // The logs of every process (the guard's included) are what a failed
+        // soak needs; the control plane is dropped before the assertion.
+        ctx.cp.write().await.keep_logs();
+    }
     Ok(report)
 }
 

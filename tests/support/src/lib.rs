@@ -249,6 +249,12 @@ impl ControlPlane {
         &self.log_dir
     }
 
+    /// Keeps the logs when this control plane is dropped (as a panic does):
+    /// for a test that fails after it is done with the control plane.
+    pub fn keep_logs(&mut self) {
+        self.keep_logs = true;
+    }
+
     /// The CA certificate (PEM) that signed the serving and client certificates.
     pub fn ca_pem(&self) -> &str {
         &self.pki.ca_pem

@@ -133,6 +133,9 @@ struct State {
     latencies_ms: Vec<f64>,
 }
 
+/// Churn flips slower than this are logged one by one.
+const SLOW_FLIP_MS: f64 = 50.0;
+
 impl State {
     /// Records the object at `key` (`None`: deleted), belonging to `service`.
     fn apply(&mut self, key: String, now_is: Option<(String, Vec<Entry>)>, now: Instant) {
@@ -152,8 +155,16 @@ impl State {
                 {
                     let sent = p.sent;
                     self.pending.remove(&pod_key);
-                    self.latencies_ms
-                        .push(now.saturating_duration_since(sent).as_secs_f64() * 1e3);
+                    let ms = now.saturating_duration_since(sent).as_secs_f64() * 1e3;
+                    if ms >= SLOW_FLIP_MS {
+                        // With its wall-clock time, to line it up with the
+                        // controller's log and what else ran then.
+                        let at = std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .map_or(0.0, |d| d.as_secs_f64());
+                        eprintln!("bench: slow flip {pod_key} {ms:.1} ms, seen at {at:.3}");
+                    }
+                    self.latencies_ms.push(ms);
                 }
             }
             self.by_service

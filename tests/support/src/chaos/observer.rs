@@ -22,8 +22,9 @@ struct Seen {
     /// compared within an epoch.
     epoch: u64,
     rv: u64,
-    /// Learnt from a relist rather than an event (time only known roughly).
-    relisted: bool,
+    /// Learnt from a relist rather than an event: it happened after this RV
+    /// (where the watch had got to) and at or before `rv` (the list's).
+    relisted_since: Option<u64>,
 }
 
 /// Watches one namespace directly against kube-apiserver and records every
@@ -62,8 +63,11 @@ pub(super) struct Change<K> {
     pub kind: &'static str,
     pub name: String,
     pub rv: u64,
-    /// Learnt from a relist rather than an event (time only known roughly).
-    pub relisted: bool,
+    /// Learnt from a relist rather than an event: it happened after this RV
+    /// (where the watch had got to before it broke) and at or before `rv`
+    /// (the list's). A judgement at an RV inside that window cannot tell
+    /// whether the change had happened yet.
+    pub relisted_since: Option<u64>,
     pub obj: Option<K>,
 }
 
@@ -74,9 +78,11 @@ pub(super) async fn observe<K>(api: Api<K>, mut sink: impl FnMut(Change<K>) + Se
 where
     K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
 {
-    // name → uid of what is live as far as we know.
-    let mut live: BTreeMap<String, String> = BTreeMap::new();
+    // name → (uid, resourceVersion) of what is live as far as we know.
+    let mut live: BTreeMap<String, (String, String)> = BTreeMap::new();
     let mut first = true;
+    // The RV the last watch had got to: a relist's differences happened after it.
+    let mut reached: u64 = 0;
     loop {
         let Ok(list) = api.list(&ListParams::default()).await else {
             tokio::time::sleep(Duration::from_millis(300)).await;
@@ -88,33 +94,51 @@ where
             .as_deref()
             .and_then(|r| r.parse().ok())
             .unwrap_or(0);
-        let now: BTreeMap<String, String> = list
+        let now: BTreeMap<String, (String, String)> = list
             .items
             .iter()
-            .map(|o| (o.name_any(), o.uid().unwrap_or_default()))
+            .map(|o| {
+                (
+                    o.name_any(),
+                    (
+                        o.uid().unwrap_or_default(),
+                        o.resource_version().unwrap_or_default(),
+                    ),
+                )
+            })
             .collect();
-        for (name, uid) in &live {
-            if now.get(name) != Some(uid) && !first {
+        for (name, (uid, _)) in &live {
+            if now.get(name).map(|(u, _)| u) != Some(uid) && !first {
                 sink(Change {
                     kind: "DELETED",
                     name: name.clone(),
                     rv: list_rv,
-                    relisted: true,
+                    relisted_since: Some(reached),
                     obj: None,
                 });
             }
         }
         for obj in list.items {
             let name = obj.name_any();
-            if live.get(&name).map(String::as_str) != obj.uid().as_deref() {
-                sink(Change {
-                    kind: "ADDED",
-                    name,
-                    rv: if first { 0 } else { list_rv },
-                    relisted: !first,
-                    obj: Some(obj),
-                });
-            }
+            // A new incarnation is an ADDED; the same one at another RV
+            // changed while the watch was down (a Service's selector, a
+            // pod's readiness): a MODIFIED, or the slice judgement would go
+            // on with what it was before.
+            let kind = match live.get(&name) {
+                Some((uid, _)) if Some(uid.as_str()) != obj.uid().as_deref() => "ADDED",
+                None => "ADDED",
+                Some((_, rv)) if Some(rv.as_str()) != obj.resource_version().as_deref() => {
+                    "MODIFIED"
+                }
+                Some(_) => continue,
+            };
+            sink(Change {
+                kind,
+                name,
+                rv: if first { 0 } else { list_rv },
+                relisted_since: (!first).then_some(reached),
+                obj: Some(obj),
+            });
         }
         first = false;
         live = now;
@@ -122,6 +146,7 @@ where
         loop {
             let params = WatchParams::default().timeout(290);
             let Ok(stream) = api.watch(&params, &rv).await else {
+                reached = rv.parse().unwrap_or(list_rv);
                 break;
             };
             let mut stream = stream.boxed();
@@ -145,17 +170,24 @@ where
                 if kind == "DELETED" {
                     live.remove(&name);
                 } else {
-                    live.insert(name.clone(), obj.uid().unwrap_or_default());
+                    live.insert(
+                        name.clone(),
+                        (
+                            obj.uid().unwrap_or_default(),
+                            obj.resource_version().unwrap_or_default(),
+                        ),
+                    );
                 }
                 sink(Change {
                     kind,
                     name,
                     rv: rv_of(&obj),
-                    relisted: false,
+                    relisted_since: None,
                     obj: Some(obj),
                 });
             }
             if relist {
+                reached = rv.parse().unwrap_or(list_rv);
                 break;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -172,7 +204,7 @@ fn births_and_deaths<K>(log: Arc<Mutex<Vec<Seen>>>, epoch: u64) -> impl FnMut(Ch
                 key: change.name,
                 epoch,
                 rv: change.rv,
-                relisted: change.relisted,
+                relisted_since: change.relisted_since,
             });
         }
     }
@@ -274,10 +306,22 @@ impl Observer {
                     } else {
                         String::new()
                     },
-                    if e.relisted { " (found by relist)" } else { "" }
+                    if e.relisted_since.is_some() {
+                        " (found by relist)"
+                    } else {
+                        ""
+                    }
                 )
             })
             .collect()
+    }
+
+    /// The versions the slice watches saw of Service `name` (EndpointSlices only).
+    pub fn service_versions(&self, name: &str) -> String {
+        self.slices
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .service_versions(name)
     }
 
     /// Whether the watches have seen anything yet (both listed).
@@ -289,18 +333,57 @@ impl Observer {
     }
 }
 
-/// The Service `name` existed at `rv` of `epoch`: its last ADDED/DELETED of
-/// that epoch before `rv` was an ADDED. (Events of one etcd share one
-/// revision order; a restored store starts a new one.)
+/// The Service `name` provably existed at `rv` of `epoch`: its last
+/// ADDED/DELETED of that epoch before `rv` was an ADDED, and no change a
+/// relist found later may have happened before `rv`. (Events of one etcd
+/// share one revision order; a restored store starts a new one.)
 fn service_alive_at(services: &[Seen], name: &str, epoch: u64, rv: u64) -> bool {
-    let mut alive = false;
     let mut events: Vec<&Seen> = services
         .iter()
-        .filter(|s| s.key == name && s.epoch == epoch && s.rv < rv)
+        .filter(|s| s.key == name && s.epoch == epoch)
         .collect();
     events.sort_by_key(|s| s.rv);
-    for s in events {
-        alive = s.kind == "ADDED";
+    let end = events.partition_point(|s| s.rv < rv);
+    let alive = events[..end].last().is_some_and(|s| s.kind == "ADDED");
+    let unsure = events
+        .get(end)
+        .and_then(|s| s.relisted_since)
+        .is_some_and(|since| since < rv);
+    alive && !unsure
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seen(kind: &'static str, rv: u64, relisted_since: Option<u64>) -> Seen {
+        Seen {
+            kind,
+            key: "a".into(),
+            epoch: 0,
+            rv,
+            relisted_since,
+        }
     }
-    alive
+
+    #[test]
+    fn a_service_is_alive_between_its_added_and_deleted_unless_a_relist_window_covers_the_rv() {
+        let events = [seen("ADDED", 5, None), seen("DELETED", 50, Some(20))];
+        // Created at 5; the watch broke at 20 and a relist at 50 found it gone.
+        assert!(
+            !service_alive_at(&events, "a", 0, 5),
+            "not before its ADDED"
+        );
+        assert!(service_alive_at(&events, "a", 0, 10));
+        assert!(service_alive_at(&events, "a", 0, 20));
+        assert!(
+            !service_alive_at(&events, "a", 0, 21),
+            "deleted at some RV in (20, 50]: not known alive at 21"
+        );
+        assert!(!service_alive_at(&events, "a", 0, 60));
+        assert!(!service_alive_at(&events, "a", 1, 10), "another epoch");
+        let by_event = [seen("ADDED", 5, None), seen("DELETED", 50, None)];
+        assert!(service_alive_at(&by_event, "a", 0, 49));
+        assert!(!service_alive_at(&by_event, "a", 0, 51));
+    }
 }

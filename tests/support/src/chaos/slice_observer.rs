@@ -27,7 +27,9 @@ struct Version<T> {
     name: String,
     epoch: u64,
     rv: u64,
-    relisted: bool,
+    /// Found by a relist: the change happened after this RV (see
+    /// [`Change::relisted_since`]).
+    relisted_since: Option<u64>,
     state: Option<T>,
 }
 
@@ -66,7 +68,7 @@ fn version<K, T>(change: Change<K>, epoch: u64, state: impl FnOnce(&K) -> Option
         name: change.name,
         epoch,
         rv: change.rv,
-        relisted: change.relisted,
+        relisted_since: change.relisted_since,
         state,
     }
 }
@@ -157,9 +159,17 @@ fn by_name<T>(versions: &[Version<T>]) -> HashMap<&str, Vec<&Version<T>>> {
     index
 }
 
-/// The last of `versions` (in (epoch, rv) order) in `epoch` before `rv`.
+/// The last of `versions` (in (epoch, rv) order) in `epoch` before `rv`;
+/// `None` also when the next version was found by a relist that may have
+/// happened before `rv` (the state at `rv` is then not known).
 fn at<'a, T>(versions: &[&'a Version<T>], epoch: u64, rv: u64) -> Option<&'a T> {
     let end = versions.partition_point(|v| (v.epoch, v.rv) < (epoch, rv));
+    let unsure = versions.get(end).is_some_and(|next| {
+        next.epoch == epoch && next.relisted_since.is_some_and(|since| since < rv)
+    });
+    if unsure {
+        return None;
+    }
     versions[..end]
         .last()
         .filter(|v| v.epoch == epoch)
@@ -196,6 +206,24 @@ impl Index<'_> {
 type Union<'a> = (&'a Version<SliceState>, BTreeSet<&'a str>);
 
 impl History {
+    /// Every version of Service `name` the watches saw, one per line: what a
+    /// failed judgement needs to be checked by hand.
+    pub fn service_versions(&self, name: &str) -> String {
+        let mut out = String::new();
+        for v in by_name(&self.services).get(name).into_iter().flatten() {
+            out.push_str(&format!(
+                "  epoch {} rv {}: {}{}\n",
+                v.epoch,
+                v.rv,
+                if v.state.is_some() { "exists" } else { "gone" },
+                v.relisted_since
+                    .map(|s| format!(" (relist, after rv {s})"))
+                    .unwrap_or_default()
+            ));
+        }
+        out
+    }
+
     /// Every endpoint removed from a Service's slices while that Service
     /// selected a live pod with its address. An address that leaves one
     /// slice and is back in the Service's next slice event (moved between
@@ -259,9 +287,18 @@ impl History {
                     }
                     if index.wanted(service, ip, v.epoch, v.rv) {
                         found.push(format!(
-                            "{ip} left the slices of {service} at rv {}{}",
+                            "{ip} left the slices of {service} at rv {}{}{}",
                             v.rv,
-                            if v.relisted { " (found by relist)" } else { "" }
+                            if v.epoch > 0 {
+                                format!(" (after restore {})", v.epoch)
+                            } else {
+                                String::new()
+                            },
+                            if v.relisted_since.is_some() {
+                                " (found by relist)"
+                            } else {
+                                ""
+                            }
                         ));
                     }
                 }
@@ -280,7 +317,7 @@ mod tests {
             name: name.into(),
             epoch: 0,
             rv,
-            relisted: false,
+            relisted_since: None,
             state: app.map(|a| Some(Labels::from([("app".to_string(), a.to_string())]))),
         }
     }
@@ -290,7 +327,7 @@ mod tests {
             name: name.into(),
             epoch: 0,
             rv,
-            relisted: false,
+            relisted_since: None,
             state: ip.map(|ip| PodState {
                 labels: Labels::from([("app".to_string(), app.to_string())]),
                 ips: BTreeSet::from([ip.to_string()]),
@@ -303,7 +340,7 @@ mod tests {
             name: name.into(),
             epoch: 0,
             rv,
-            relisted: false,
+            relisted_since: None,
             state: ips.map(|ips| SliceState {
                 service: service.into(),
                 addresses: ips.iter().map(|s| s.to_string()).collect(),
@@ -360,6 +397,33 @@ mod tests {
         assert_eq!(
             history.removals(),
             vec!["10.0.0.1 left the slices of a at rv 9"]
+        );
+    }
+
+    #[test]
+    fn a_removal_inside_a_relist_window_of_its_pods_deletion_is_not_judged_wrong() {
+        // The pod watch broke at rv 10 and its relist at rv 30 found a-1
+        // gone: the pod was deleted somewhere in (10, 30]. Its endpoint left
+        // at 20, inside that window: not provably wrong. a-0's endpoint left
+        // at 40, after the window, while a-0 lived: wrong.
+        let mut gone = pod("a-1", 30, "a", None);
+        gone.relisted_since = Some(10);
+        let history = History {
+            services: vec![svc("a", 1, Some("a"))],
+            pods: vec![
+                pod("a-0", 2, "a", Some("10.0.0.1")),
+                pod("a-1", 3, "a", Some("10.0.0.2")),
+                gone,
+            ],
+            slices: vec![
+                slice("a-x", 5, "a", Some(&["10.0.0.1", "10.0.0.2"])),
+                slice("a-x", 20, "a", Some(&["10.0.0.1"])),
+                slice("a-x", 40, "a", Some(&[])),
+            ],
+        };
+        assert_eq!(
+            history.removals(),
+            vec!["10.0.0.1 left the slices of a at rv 40"]
         );
     }
 }
