@@ -298,19 +298,10 @@ impl Observer {
             .filter(|e| service_alive_at(&services, &e.key, e.epoch, e.rv))
             .map(|e| {
                 format!(
-                    "{} at rv {}{}{}",
+                    "{} at rv {}{}",
                     e.key,
                     e.rv,
-                    if e.epoch > 0 {
-                        format!(" (after restore {})", e.epoch)
-                    } else {
-                        String::new()
-                    },
-                    if e.relisted_since.is_some() {
-                        " (found by relist)"
-                    } else {
-                        ""
-                    }
+                    provenance(e.epoch, e.relisted_since)
                 )
             })
             .collect()
@@ -333,6 +324,25 @@ impl Observer {
     }
 }
 
+/// How a judged event was learnt, for its line in a report: after which
+/// etcd restore, and whether a relist (not an event) showed it.
+pub(super) fn provenance(epoch: u64, relisted_since: Option<u64>) -> String {
+    let mut out = String::new();
+    if epoch > 0 {
+        out.push_str(&format!(" (after restore {epoch})"));
+    }
+    if relisted_since.is_some() {
+        out.push_str(" (found by relist)");
+    }
+    out
+}
+
+/// Whether a change a relist found (`relisted_since`: the RV its watch had
+/// reached) may have happened before `rv`: then the state at `rv` is not known.
+pub(super) fn unsure_before(relisted_since: Option<u64>, rv: u64) -> bool {
+    relisted_since.is_some_and(|since| since < rv)
+}
+
 /// The Service `name` provably existed at `rv` of `epoch`: its last
 /// ADDED/DELETED of that epoch before `rv` was an ADDED, and no change a
 /// relist found later may have happened before `rv`. (Events of one etcd
@@ -347,8 +357,7 @@ fn service_alive_at(services: &[Seen], name: &str, epoch: u64, rv: u64) -> bool 
     let alive = events[..end].last().is_some_and(|s| s.kind == "ADDED");
     let unsure = events
         .get(end)
-        .and_then(|s| s.relisted_since)
-        .is_some_and(|since| since < rv);
+        .is_some_and(|s| unsure_before(s.relisted_since, rv));
     alive && !unsure
 }
 

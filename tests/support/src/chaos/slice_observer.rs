@@ -13,7 +13,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::{Api, Client};
 use tokio::task::JoinHandle;
 
-use super::observer::{Change, observe};
+use super::observer::{Change, observe, provenance, unsure_before};
 
 /// The label that ties a slice to its Service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -164,9 +164,9 @@ fn by_name<T>(versions: &[Version<T>]) -> HashMap<&str, Vec<&Version<T>>> {
 /// happened before `rv` (the state at `rv` is then not known).
 fn at<'a, T>(versions: &[&'a Version<T>], epoch: u64, rv: u64) -> Option<&'a T> {
     let end = versions.partition_point(|v| (v.epoch, v.rv) < (epoch, rv));
-    let unsure = versions.get(end).is_some_and(|next| {
-        next.epoch == epoch && next.relisted_since.is_some_and(|since| since < rv)
-    });
+    let unsure = versions
+        .get(end)
+        .is_some_and(|next| next.epoch == epoch && unsure_before(next.relisted_since, rv));
     if unsure {
         return None;
     }
@@ -287,18 +287,9 @@ impl History {
                     }
                     if index.wanted(service, ip, v.epoch, v.rv) {
                         found.push(format!(
-                            "{ip} left the slices of {service} at rv {}{}{}",
+                            "{ip} left the slices of {service} at rv {}{}",
                             v.rv,
-                            if v.epoch > 0 {
-                                format!(" (after restore {})", v.epoch)
-                            } else {
-                                String::new()
-                            },
-                            if v.relisted_since.is_some() {
-                                " (found by relist)"
-                            } else {
-                                ""
-                            }
+                            provenance(v.epoch, v.relisted_since)
                         ));
                     }
                 }
