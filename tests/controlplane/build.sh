@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds (or reuses) the programs the local control plane runs, pinned by the
 # Go modules beside this script, into target/controlplane/<k8s-version>/bin/:
-# kube-apiserver, kube-controller-manager, etcd and etcdutl (its snapshot
+# kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and
+# kube-proxy (the real node of make e2e-node), etcd and etcdutl (its snapshot
 # restore tool, same etcd release), helm, prometheus and promtool, and
 # etcd-fault-proxy (our own gRPC proxy between kube-apiserver and etcd that can
 # drop watch events).
@@ -31,6 +32,9 @@ command -v go >/dev/null || { echo "build.sh: Go is required (go 1.26 or newer):
 programs=(
   "kube-apiserver kubernetes k8s.io/kubernetes/cmd/kube-apiserver"
   "kube-controller-manager kubernetes k8s.io/kubernetes/cmd/kube-controller-manager"
+  "kube-scheduler kubernetes k8s.io/kubernetes/cmd/kube-scheduler"
+  "kubelet kubernetes k8s.io/kubernetes/cmd/kubelet"
+  "kube-proxy kubernetes k8s.io/kubernetes/cmd/kube-proxy"
   "etcd etcd endpoints-guard.local/controlplane/etcd"
   "etcdutl etcd go.etcd.io/etcd/etcdutl/v3"
   "etcd-fault-proxy etcdproxy endpoints-guard.local/controlplane/etcdproxy"
