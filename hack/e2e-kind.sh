@@ -67,7 +67,6 @@ helm_values() {
   echo "chaos:"
   echo "  enabled: true"
   echo "  args:"
-  echo "    - --upstream-kubeconfig=/etc/endpoints-guard/chaos/upstream.kubeconfig"
   echo "    - --listen=127.0.0.1:8001"
   echo "    - --control=127.0.0.1:8002"
   local fault

@@ -7,6 +7,7 @@
 //! - [`faults`]: the faults and their parameters.
 //! - [`events`]: the pure transforms of watch events.
 //! - [`state`]: what the proxy remembers (object versions, old RVs, snapshots).
+//! - [`credentials`]: how the proxy authenticates upstream.
 //! - [`proxy`]: the proxy: plain HTTP in front, TLS to the API server behind.
 //! - [`stream`]: one watch stream, transformed.
 //! - [`control`]: the control API.
@@ -17,6 +18,7 @@
 
 pub mod body;
 pub mod control;
+pub mod credentials;
 pub mod events;
 pub mod faults;
 pub mod proxy;

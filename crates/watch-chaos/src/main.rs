@@ -14,8 +14,10 @@ use watch_chaos::{self as chaos, FaultSpec, Upstream};
 #[derive(Debug, Parser)]
 #[command(name = "watch-chaos", version, about, long_about = None)]
 struct Args {
-    /// kubeconfig of the real API server (its CA and client certificate are
-    /// used upstream). Default: $KUBECONFIG, then ~/.kube/config.
+    /// kubeconfig of the real API server (its CA, and its client certificate
+    /// or token, re-read from `tokenFile` every minute). Default: $KUBECONFIG,
+    /// then ~/.kube/config, then the in-cluster configuration
+    /// (KUBERNETES_SERVICE_HOST/PORT and the pod's ServiceAccount token).
     #[arg(long, env = "KUBECONFIG")]
     upstream_kubeconfig: Option<PathBuf>,
 
@@ -62,7 +64,7 @@ async fn main() -> std::process::ExitCode {
 async fn run(args: Args) -> anyhow::Result<()> {
     let upstream = Upstream::from_kubeconfig(args.upstream_kubeconfig.as_deref(), args.context)
         .await
-        .context("loading the upstream kubeconfig")?;
+        .context("loading the upstream configuration")?;
     let base = upstream.base().to_string();
     let running = chaos::start(upstream, args.listen, args.control, args.faults)
         .await

@@ -4,7 +4,7 @@
 use std::convert::Infallible;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use http::header::{self, HeaderMap, HeaderName};
 use http::{Request, Response, StatusCode};
@@ -21,6 +21,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use super::body::{Body, BoxError, full, json_response, status_response};
+use super::credentials::Credentials;
 use super::events::{self, rv_number};
 use super::faults::FaultKind;
 use super::request::{Kind, Query, Target, classify, parse_path, parse_query};
@@ -58,11 +59,14 @@ fn is_json(headers: &HeaderMap) -> bool {
 pub struct Upstream {
     client: Client<HttpsConnector<HttpConnector>, Body>,
     base: String,
+    credentials: Credentials,
 }
 
 impl Upstream {
-    /// From a kubeconfig (its CA and client certificate); `None` reads the
-    /// default kubeconfig ($KUBECONFIG, ~/.kube/config).
+    /// From a kubeconfig (its CA, and its client certificate or token); `None`
+    /// infers the configuration as kube clients do: $KUBECONFIG or
+    /// ~/.kube/config, else in-cluster (`KUBERNETES_SERVICE_HOST`/`PORT`,
+    /// the ServiceAccount's CA and projected token, which needs no cluster DNS).
     pub async fn from_kubeconfig(
         path: Option<&Path>,
         context: Option<String>,
@@ -76,8 +80,10 @@ impl Upstream {
                 let kubeconfig = Kubeconfig::read_from(path)?;
                 kube::Config::from_custom_kubeconfig(kubeconfig, &options).await?
             }
-            None => kube::Config::from_kubeconfig(&options).await?,
+            None if options.context.is_some() => kube::Config::from_kubeconfig(&options).await?,
+            None => kube::Config::infer().await?,
         };
+        let credentials = Credentials::from_config(&config)?;
         let connector = config.rustls_https_connector()?;
         let client = Client::builder(TokioExecutor::new()).build(connector);
         let base = config
@@ -85,7 +91,11 @@ impl Upstream {
             .to_string()
             .trim_end_matches('/')
             .to_string();
-        Ok(Self { client, base })
+        Ok(Self {
+            client,
+            base,
+            credentials,
+        })
     }
 
     /// The API server's URL.
@@ -105,6 +115,11 @@ impl Upstream {
             .unwrap_or("/");
         parts.uri = format!("{}{path}", self.base).parse()?;
         strip_hop_by_hop(&mut parts.headers);
+        if !parts.headers.contains_key(header::AUTHORIZATION)
+            && let Some(value) = self.credentials.header(Instant::now())?
+        {
+            parts.headers.insert(header::AUTHORIZATION, value);
+        }
         Ok(self
             .client
             .request(Request::from_parts(parts, body))
