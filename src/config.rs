@@ -109,6 +109,13 @@ pub struct Config {
     #[arg(long, env = "EG_MAX_ENDPOINTS_PER_SLICE", default_value_t = 100, value_parser = clap::value_parser!(u16).range(1..=1000))]
     pub max_endpoints_per_slice: u16,
 
+    /// The managed-by labels written: upstream (`endpoint-controller` on
+    /// Endpoints, `endpointslice-controller.k8s.io` on EndpointSlices, as
+    /// conformance requires) or own (`endpoints-guard` on both). Objects with
+    /// either value are taken as this controller's.
+    #[arg(long, env = "EG_MANAGED_BY", value_enum, default_value_t = crate::desired::ManagedBy::Upstream)]
+    pub managed_by: crate::desired::ManagedBy,
+
     /// enforce: keep Endpoints and EndpointSlices in sync. audit: only watch
     /// and report.
     #[arg(long, env = "EG_MODE", value_enum, default_value_t = Mode::Enforce)]

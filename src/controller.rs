@@ -99,6 +99,7 @@ pub async fn start(
         endpoints: Work::new(cfg.max_retries),
         slices: Work::new(cfg.max_retries),
         max_endpoints_per_slice: usize::from(cfg.max_endpoints_per_slice),
+        managed_by: cfg.managed_by,
         leader: leadership.receiver(),
     });
 

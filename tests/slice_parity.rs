@@ -12,7 +12,9 @@
 //!   gets;
 //! - our plan over upstream's slices must be empty: upstream's result is a
 //!   state our planner would leave alone (boundaries, labels, owner
-//!   references, placeholder and hints included);
+//!   references, placeholder and hints included). It plans with the
+//!   managed-by value endpoints-guard writes by default (`ManagedBy`), so
+//!   that value must be upstream's: a relabelling would be a write;
 //! - every upstream slice satisfies the invariants our planner keeps: at most
 //!   100 endpoints, no endpoint twice, an empty slice only as the lone
 //!   placeholder, exactly the desired labels, one controller reference to the
@@ -33,10 +35,9 @@ use eg_testsupport::workload::write_parity_report;
 use eg_testsupport::{ControlPlane, ControlPlaneOptions};
 use endpoints_guard::desired::slices::{
     DEFAULT_MAX_ENDPOINTS_PER_SLICE, DesiredSlices, HintMode, LABEL_SERVICE_NAME, NodeInfo,
-    PlanOptions, UPSTREAM_SLICE_MANAGER, ZoneCapacity, desired_slices, plan_slices,
-    slice_service_name,
+    PlanOptions, ZoneCapacity, desired_slices, plan_slices, slice_service_name,
 };
-use endpoints_guard::desired::{PodInfo, managed_selector, selector_matches};
+use endpoints_guard::desired::{ManagedBy, PodInfo, managed_selector, selector_matches};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 use serde_json::{Value, json};
 
@@ -304,7 +305,8 @@ fn compare(snapshot: &Snapshot) -> Round {
             .iter()
             .filter(|p| p.namespace() == namespace && selector_matches(selector, *p))
             .collect();
-        let Some(desired) = desired_slices(svc, &candidates, &nodes, UPSTREAM_SLICE_MANAGER) else {
+        let Some(desired) = desired_slices(svc, &candidates, &nodes, ManagedBy::default().slices())
+        else {
             continue;
         };
         let upstream: Vec<EndpointSlice> = snapshot

@@ -360,3 +360,53 @@ fn stored_object_with_extra_ready_address_needs_write() {
     }]);
     assert!(needs_write(&svc, &computed, Some(&current), MANAGER));
 }
+
+/// `--managed-by`: upstream's values by default (what conformance specs check),
+/// `endpoints-guard` on both kinds with `own`; nothing else is accepted.
+#[test]
+fn managed_by_flag_picks_the_written_values() {
+    use clap::Parser;
+
+    use crate::config::Config;
+    use crate::desired::ManagedBy;
+
+    let parse = |args: &[&str]| {
+        let argv = std::iter::once("endpoints-guard").chain(args.iter().copied());
+        Config::try_parse_from(argv).map(|c| c.managed_by)
+    };
+    let default = parse(&[]).expect("defaults parse");
+    assert_eq!(default, ManagedBy::Upstream);
+    assert_eq!(
+        (default.endpoints(), default.slices()),
+        ("endpoint-controller", "endpointslice-controller.k8s.io")
+    );
+    assert_eq!(default.endpoints(), UPSTREAM_MANAGER);
+    let own = parse(&["--managed-by", "own"]).expect("own parses");
+    assert_eq!((own.endpoints(), own.slices()), (MANAGER, MANAGER));
+    assert_eq!(
+        parse(&["--managed-by=upstream"]).ok(),
+        Some(ManagedBy::Upstream)
+    );
+    assert!(parse(&["--managed-by", "endpoints-guard"]).is_err());
+    // Either way, Endpoints labelled with either value are this controller's
+    // to sweep, and upstream's label check passes only for the value written.
+    for written in [ManagedBy::Upstream, ManagedBy::Own] {
+        let svc = labelled_service(&[("app", "web")]);
+        let labels = endpoints_labels(&svc, written.endpoints());
+        assert!(labels_correct(
+            Some(&labels),
+            svc.metadata.labels.as_ref(),
+            written.endpoints()
+        ));
+        let other = if written == ManagedBy::Own {
+            ManagedBy::Upstream
+        } else {
+            ManagedBy::Own
+        };
+        assert!(!labels_correct(
+            Some(&labels),
+            svc.metadata.labels.as_ref(),
+            other.endpoints()
+        ));
+    }
+}

@@ -20,7 +20,8 @@
 //!   go-spew dump; see `spew`.
 //! - `needs_write` and `build_endpoints` take the managed-by value to check and
 //!   write: upstream's label check requires `managed-by` to equal its own name,
-//!   so the comparison is made against whatever this controller writes.
+//!   so the comparison is made against whatever this controller writes
+//!   ([`ManagedBy`]: upstream's value by default).
 //! - A Service port without targetPort resolves to its port (the API server's
 //!   defaulting), although upstream's code alone would use 0; a Service read
 //!   from the API server always has it set.
@@ -62,8 +63,41 @@ use repack::{AppProtocolIdentity, repack_subsets};
 pub const LABEL_MANAGED_BY: &str = "endpoints.kubernetes.io/managed-by";
 /// The managed-by value kube-controller-manager's endpoints controller writes.
 pub const UPSTREAM_MANAGER: &str = "endpoint-controller";
-/// The managed-by value this controller writes.
+/// This controller's own managed-by value (written with `--managed-by own`).
 pub const MANAGER: &str = "endpoints-guard";
+
+/// Which `managed-by` values the written Endpoints and EndpointSlices carry
+/// (`--managed-by`). Either way, objects labelled with either value are
+/// recognised as this controller's (adopted, swept, guarded); see
+/// `docs/endpointslices.md`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum ManagedBy {
+    /// Upstream's values, `endpoint-controller` and
+    /// `endpointslice-controller.k8s.io`: what conformance specs and
+    /// consumers that select on the label expect.
+    #[default]
+    Upstream,
+    /// `endpoints-guard` on both kinds.
+    Own,
+}
+
+impl ManagedBy {
+    /// The `endpoints.kubernetes.io/managed-by` value written on Endpoints.
+    pub fn endpoints(self) -> &'static str {
+        match self {
+            ManagedBy::Upstream => UPSTREAM_MANAGER,
+            ManagedBy::Own => MANAGER,
+        }
+    }
+
+    /// The `endpointslice.kubernetes.io/managed-by` value written on slices.
+    pub fn slices(self) -> &'static str {
+        match self {
+            ManagedBy::Upstream => slices::UPSTREAM_SLICE_MANAGER,
+            ManagedBy::Own => MANAGER,
+        }
+    }
+}
 
 /// Subsets in upstream's canonical layout and order, before the 1000-address
 /// truncation (which [`build_endpoints`] applies; [`needs_write`] compares the

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use kube::runtime::events::Recorder;
 
 use crate::config::{Controller, Controllers, Mode};
-use crate::desired::PodInfo;
+use crate::desired::{ManagedBy, PodInfo};
 use crate::kinds::{EndpointSliceKind, EndpointsKind, Kind, NodeKind, PodKind, ServiceKind};
 use crate::metrics::Metrics;
 use crate::reconcile::objects::{CachedEndpoints, CachedNode, CachedService, CachedSlice};
@@ -147,6 +147,8 @@ pub struct Context {
     /// The EndpointSlice controller's queue and trigger times.
     pub slices: Work,
     pub max_endpoints_per_slice: usize,
+    /// The managed-by values written (`--managed-by`).
+    pub managed_by: ManagedBy,
     /// True while this instance may write: always without `--leader-elect`, else
     /// while it holds the leader Lease (see [`crate::leader`]).
     pub leader: tokio::sync::watch::Receiver<bool>,

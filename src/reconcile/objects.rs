@@ -251,7 +251,7 @@ impl CachedSlice {
         Some(Self {
             packed,
             service_name: slices::slice_service_name(&slice).map(Into::into),
-            adoptable: slices::is_adoptable(&slice, desired::MANAGER),
+            adoptable: slices::is_adoptable(&slice),
         })
     }
 
@@ -345,7 +345,8 @@ impl Cached for CachedNode {
 }
 
 /// Labels values of `endpoints.kubernetes.io/managed-by` whose Endpoints we may
-/// delete: ours, and upstream's (we adopt what it made when we replace it).
+/// delete: upstream's and `endpoints-guard`, whichever of the two we write (we
+/// adopt what upstream made when we replace it).
 pub fn is_deletable(ep: &Endpoints) -> bool {
     deletable_manager(managed_by(ep))
 }

@@ -36,6 +36,20 @@ fn cached_endpoints_decode_to_the_object_without_managed_fields() {
     let cached = CachedEndpoints::new(bare).expect("encodes");
     assert_eq!(cached.decode().expect("decodes").subsets, None);
     assert!(!cached.is_deletable(), "no managed-by label");
+
+    // Both values endpoints-guard may write (--managed-by upstream or own) are
+    // its own, whichever it writes now; any other is left alone.
+    for (manager, deletable) in [
+        (desired::UPSTREAM_MANAGER, true),
+        (desired::MANAGER, true),
+        ("someone-else", false),
+    ] {
+        let mut ep = endpoints();
+        ep.metadata.labels =
+            Some([(desired::LABEL_MANAGED_BY.to_string(), manager.to_string())].into());
+        let cached = CachedEndpoints::new(ep).expect("encodes");
+        assert_eq!(cached.is_deletable(), deletable, "{manager}");
+    }
 }
 
 #[test]

@@ -153,8 +153,9 @@ fn nodes_at_stake(
 }
 
 /// The managed-by value to plan with. In audit mode beside the upstream
-/// controller its slices differ from ours only by that label; planning with
-/// it makes identical slices an empty plan, so only real differences count.
+/// controller (with `--managed-by own`) its slices differ from ours only by
+/// that label; planning with it makes identical slices an empty plan, so only
+/// real differences count.
 fn compare_as(ctx: &Context, current: &[EndpointSlice]) -> &'static str {
     let upstream_wrote = current.iter().any(|s| {
         s.metadata
@@ -166,7 +167,7 @@ fn compare_as(ctx: &Context, current: &[EndpointSlice]) -> &'static str {
     if ctx.mode == Mode::Audit && upstream_wrote {
         UPSTREAM_SLICE_MANAGER
     } else {
-        desired::MANAGER
+        ctx.managed_by.slices()
     }
 }
 

@@ -110,7 +110,7 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<()> {
         computed,
         endpoints.as_ref(),
         trigger,
-        desired::MANAGER,
+        ctx.managed_by.endpoints(),
     );
     apply(ctx, key, endpoints.as_ref(), wanted).await
 }
@@ -150,14 +150,14 @@ pub(super) fn release_service_tombstone(ctx: &Context, key: &ObjectKey) {
 }
 
 /// The managed-by value a write would carry. In audit mode beside the upstream
-/// controller its Endpoints differ from ours only by that label; counting that as
-/// a divergence would hide the real ones.
+/// controller (with `--managed-by own`) its Endpoints differ from ours only by
+/// that label; counting that as a divergence would hide the real ones.
 fn compare_as(ctx: &Context, current: Option<&Endpoints>) -> &'static str {
     let upstream_wrote = current.and_then(managed_by) == Some(desired::UPSTREAM_MANAGER);
     if ctx.mode == Mode::Audit && upstream_wrote {
         desired::UPSTREAM_MANAGER
     } else {
-        desired::MANAGER
+        ctx.managed_by.endpoints()
     }
 }
 

@@ -10,7 +10,7 @@ use serde_json::json;
 
 use super::{Context, Stores, Work};
 use crate::config::Mode;
-use crate::desired::{PodFields, PodInfo};
+use crate::desired::{ManagedBy, PodFields, PodInfo};
 use crate::metrics::Metrics;
 
 /// A context whose client talks to `client`'s server, in enforce mode, leading.
@@ -30,6 +30,7 @@ pub fn context_with(client: kube::Client) -> Context {
         endpoints: Work::new(super::queue::MAX_RETRIES),
         slices: Work::new(super::queue::MAX_RETRIES),
         max_endpoints_per_slice: crate::desired::slices::DEFAULT_MAX_ENDPOINTS_PER_SLICE,
+        managed_by: ManagedBy::default(),
         leader: tokio::sync::watch::channel(true).1,
     }
 }
@@ -86,8 +87,8 @@ pub fn pod(ns: &str, name: &str, app: &str, ip: &str, rv: &str) -> PodInfo {
     .pack()
 }
 
-/// Endpoints `name` of `ns`, managed by us, with one ready address per
-/// (pod name, ip), port 8080.
+/// Endpoints `name` of `ns`, managed by us (the managed-by value written by
+/// default), with one ready address per (pod name, ip), port 8080.
 pub fn endpoints(ns: &str, name: &str, addresses: &[(&str, &str)]) -> Endpoints {
     let addresses: Vec<_> = addresses
         .iter()
@@ -98,7 +99,7 @@ pub fn endpoints(ns: &str, name: &str, addresses: &[(&str, &str)]) -> Endpoints 
         .collect();
     serde_json::from_value(json!({
         "metadata": {"namespace": ns, "name": name, "uid": format!("{name}-ep-uid"), "resourceVersion": "5",
-                     "labels": {"endpoints.kubernetes.io/managed-by": "endpoints-guard"}},
+                     "labels": {"endpoints.kubernetes.io/managed-by": ManagedBy::default().endpoints()}},
         "subsets": [{"addresses": addresses, "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]}],
     }))
     .unwrap_or_else(|err| panic!("endpoints: {err}"))

@@ -228,7 +228,8 @@ pub async fn node_and_target_ref(cp: &ControlPlane, ns: &str) -> RowResult {
                 labels.get(MANAGED_BY).cloned(),
                 labels.contains_key("service.kubernetes.io/headless"),
             ),
-            (Some("x".into()), Some("endpoints-guard".into()), false),
+            // Upstream's managed-by value: endpoints-guard writes it by default.
+            (Some("x".into()), Some("endpoint-controller".into()), false),
         )?;
         let annotations = ep.metadata.annotations.clone().unwrap_or_default();
         let trigger = annotations
@@ -355,10 +356,12 @@ pub async fn selectorless_untouched(cp: &ControlPlane, ns: &str) -> RowResult {
 pub async fn adopt(cp: &ControlPlane, ns: &str) -> RowResult {
     Ok(wait_for(cp, ns, "web", |ep| {
         let labels = ep.metadata.labels.clone().unwrap_or_default();
+        // Adopted: upstream's label kept (endpoints-guard writes that value by
+        // default), the addresses its own.
         expect(
             "managed-by",
             labels.get(MANAGED_BY).map(String::as_str),
-            Some("endpoints-guard"),
+            Some("endpoint-controller"),
         )?;
         expect(
             "addresses",

@@ -21,8 +21,10 @@
 //! `hints` sets topology hints, `content` compares slices.
 //!
 //! Deliberate differences from upstream (each explained in the docs):
-//! - the managed-by value is the caller's; slices labelled with upstream's
-//!   value are adopted (relabelled) rather than duplicated;
+//! - the managed-by value is the caller's (upstream's by default, see
+//!   [`super::ManagedBy`]); slices labelled with upstream's value or with
+//!   `endpoints-guard` are both taken as ours, and relabelled to the caller's
+//!   value rather than duplicated;
 //! - upstream picks among equal choices (which endpoint goes to which new
 //!   slice, which zone gets a redistributed hint on a tie) through Go map
 //!   iteration, i.e. at random; here the choice is the first in a fixed order;
@@ -237,11 +239,12 @@ impl SlicePlan {
 }
 
 /// True for a slice this controller may change or delete: one labelled as
-/// managed by `managed_by`, or by upstream's controller (adopted). Slices of any
-/// other manager (the EndpointSlice mirroring controller, users, other
-/// controllers) are never touched, whatever their service-name label says.
-pub fn is_adoptable(slice: &EndpointSlice, managed_by: &str) -> bool {
-    matches!(slice_manager(slice), Some(m) if m == managed_by || m == UPSTREAM_SLICE_MANAGER)
+/// managed by upstream's controller or by this controller's own name
+/// ([`super::MANAGER`]), whichever of the two it writes. Slices of any other
+/// manager (the EndpointSlice mirroring controller, users, other controllers)
+/// are never touched, whatever their service-name label says.
+pub fn is_adoptable(slice: &EndpointSlice) -> bool {
+    matches!(slice_manager(slice), Some(m) if m == UPSTREAM_SLICE_MANAGER || m == super::MANAGER)
 }
 
 /// The Service a slice is labelled for (`kubernetes.io/service-name`).

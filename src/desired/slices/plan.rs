@@ -40,17 +40,13 @@ pub fn plan_slices(
     zones: &ZoneCapacity,
     options: &PlanOptions,
 ) -> SlicePlan {
-    let manager = desired
-        .labels
-        .get(LABEL_SLICE_MANAGED_BY)
-        .map_or("", String::as_str);
     let mut considered: Vec<&EndpointSlice> = existing
         .iter()
         .filter(|s| {
             s.metadata.deletion_timestamp.is_none()
                 && s.metadata.namespace.as_deref().unwrap_or("") == desired.namespace
                 && slice_service_name(s) == Some(desired.service_name.as_str())
-                && is_adoptable(s, manager)
+                && is_adoptable(s)
         })
         .collect();
     considered.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
@@ -308,8 +304,8 @@ impl Planner<'_> {
 
     /// Upstream's setEndpointSliceLabels verdict: the labels a slice mirrors
     /// from the Service differ (changes of the reserved labels alone do not
-    /// count). A slice managed by anyone else (upstream's, being adopted) is
-    /// relabelled too.
+    /// count). A slice labelled with the other recognised managed-by value
+    /// (upstream's or ours, being adopted) is relabelled too.
     fn labels_outdated(&self, slice: &EndpointSlice) -> bool {
         service_labels(slice.metadata.labels.as_ref()) != service_labels(Some(&self.desired.labels))
             || slice_manager(slice)

@@ -9,7 +9,9 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::Timestamp;
 
-use super::testkit::{OURS, apply, desire, lengths, plan, plan_with, pod_names, pods, web_service};
+use super::testkit::{
+    OURS, apply, desire, desire_as, lengths, plan, plan_with, pod_names, pods, web_service,
+};
 use super::*;
 use crate::desired::testkit::spec_mut;
 use crate::desired::{ANNOTATION_LAST_CHANGE_TRIGGER_TIME, PodFields};
@@ -260,22 +262,38 @@ fn relabel(slices: &[EndpointSlice], manager: &str) -> Vec<EndpointSlice> {
         .collect()
 }
 
+/// Whichever of the two recognised values a slice carries, it is taken as
+/// ours: relabelled once to the value written, never duplicated. Both ways:
+/// writing upstream's value (the default) over slices an `--managed-by own`
+/// run left, and writing our own over upstream's slices.
 #[test]
-fn upstream_slices_are_adopted_not_duplicated() {
-    let desired = desire(&web_service(), &mixed_pods(250));
-    let (_, ours) = converge(&desired, &[], 100);
-    let theirs = relabel(&ours, UPSTREAM_SLICE_MANAGER);
-    let (first, after) = converge(&desired, &theirs, 100);
-    assert_eq!(
-        counts(&first),
-        (0, 3, 0),
-        "one relabelling update per slice"
-    );
-    assert!(after.iter().all(|s| is_adoptable(s, OURS)));
-    assert_eq!(lengths(&after), vec![50, 100, 100]);
-    // Only the managed-by label changed.
-    for (old, new) in theirs.iter().zip(&after) {
-        assert_eq!(old.endpoints, new.endpoints);
+fn recognised_slices_are_adopted_not_duplicated() {
+    for (written, found) in [
+        (UPSTREAM_SLICE_MANAGER, OURS),
+        (OURS, UPSTREAM_SLICE_MANAGER),
+    ] {
+        let desired = desire_as(&web_service(), &mixed_pods(250), written);
+        let (_, made) = converge(&desired, &[], 100);
+        let found_slices = relabel(&made, found);
+        assert!(found_slices.iter().all(is_adoptable), "{found}");
+        let (first, after) = converge(&desired, &found_slices, 100);
+        assert_eq!(
+            counts(&first),
+            (0, 3, 0),
+            "{found} → {written}: one relabelling update per slice"
+        );
+        assert!(after.iter().all(|s| {
+            s.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(LABEL_SLICE_MANAGED_BY))
+                .is_some_and(|m| m == written)
+        }));
+        assert_eq!(lengths(&after), vec![50, 100, 100]);
+        // Only the managed-by label changed.
+        for (old, new) in found_slices.iter().zip(&after) {
+            assert_eq!(old.endpoints, new.endpoints);
+        }
     }
 }
 

@@ -65,9 +65,14 @@ pub fn nodes() -> BTreeMap<String, NodeInfo> {
 
 /// The desired slices of `svc` over `pods`, with [`nodes`].
 pub fn desire(svc: &Service, pods: &[PodFields]) -> DesiredSlices {
+    desire_as(svc, pods, OURS)
+}
+
+/// [`desire`], labelled as managed by `manager`.
+pub fn desire_as(svc: &Service, pods: &[PodFields], manager: &str) -> DesiredSlices {
     let packed: Vec<PodInfo> = pods.iter().map(PodFields::pack).collect();
     let refs: Vec<&PodInfo> = packed.iter().collect();
-    desired_slices(svc, &refs, &nodes(), OURS).unwrap_or_else(|| panic!("service is handled"))
+    desired_slices(svc, &refs, &nodes(), manager).unwrap_or_else(|| panic!("service is handled"))
 }
 
 /// A plan with default options and the zones of [`nodes`].
