@@ -209,11 +209,16 @@ async fn parity_rows_then_quiet_steady_state() -> anyhow::Result<()> {
         "parity rows failed:\n{}",
         failures.join("\n")
     );
-    assert_eq!(
-        guard.metric("endpoints_guard_unmanaged_orphan_endpoints{scope=\"cluster\"}"),
-        1.0,
-        "the user's orphan is reported"
-    );
+    // The gauge follows each key's reconcile (src/reconcile/orphans.rs), so it
+    // settles once the last watch events are reconciled: poll, briefly.
+    let orphans = "endpoints_guard_unmanaged_orphan_endpoints{scope=\"cluster\"}";
+    for _ in 0..50 {
+        if guard.metric(orphans) == 1.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(guard.metric(orphans), 1.0, "the user's orphan is reported");
 
     // A pod change that touches nothing Endpoints are made of must not cause a write.
     let before = endpoints(&cp, "readiness-placement", "web")

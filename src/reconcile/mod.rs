@@ -5,6 +5,7 @@
 pub mod guard;
 pub mod handlers;
 pub mod objects;
+pub mod orphans;
 pub mod queue;
 pub mod resync;
 pub mod slice_sync;
@@ -119,11 +120,13 @@ impl Default for Stores {
     }
 }
 
-/// What each controller keeps of its own: its work queue and its trigger-time
-/// bookkeeping.
+/// What each controller keeps of its own: its work queue, its trigger-time
+/// bookkeeping and the unmanaged orphans its reconcile found (the Endpoints
+/// controller's; the slice controller has none).
 pub struct Work {
     pub queue: Arc<WorkQueue<ObjectKey>>,
     pub trigger_times: trigger::TriggerTimes,
+    pub unmanaged_orphans: orphans::UnmanagedOrphans,
 }
 
 impl Work {
@@ -131,6 +134,7 @@ impl Work {
         Self {
             queue: WorkQueue::new(max_retries),
             trigger_times: Default::default(),
+            unmanaged_orphans: Default::default(),
         }
     }
 }

@@ -13,7 +13,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use tracing::{info, warn};
+use tracing::info;
 
 use super::{Context, enqueue_all};
 use crate::config::Controller;
@@ -87,9 +87,10 @@ pub async fn resync_once(ctx: &Arc<Context>) -> Result<()> {
 }
 
 /// Compares Services with what the controllers made for them: Endpoints or
-/// slices we manage whose Service is missing are queued (their reconcile
-/// confirms with a live read before deleting anything); Endpoints we do not
-/// manage are only reported; selector Services without Endpoints are queued.
+/// slices whose Service is missing are queued (the reconcile confirms with a
+/// live read before deleting anything of ours, and only counts, never deletes,
+/// Endpoints we do not manage: see [`super::orphans`]); selector Services
+/// without Endpoints are queued.
 pub fn sweep(ctx: &Context) {
     if ctx.controllers().contains(Controller::Endpointslices) {
         sweep_slices(ctx);
@@ -116,36 +117,23 @@ fn sweep_slices(ctx: &Context) {
     }
 }
 
+/// Queues only: the unmanaged orphans are counted by their reconcile, which
+/// runs again whenever their Service or Endpoints change. A count taken here
+/// would compare two caches listed at different moments, and could call
+/// Endpoints an orphan whose Service the Services cache has not seen yet.
 fn sweep_endpoints(ctx: &Context) {
     let services = ctx.stores.services.read();
     let endpoints = ctx.stores.endpoints.read();
-    let mut unmanaged = 0;
     for ep in endpoints.iter() {
         let key = ep.key();
-        if services.get(&key).is_some() {
-            continue;
-        }
-        if ep.is_deletable() {
+        if services.get(&key).is_none() {
             ctx.enqueue_for(Controller::Endpoints, key);
-        } else {
-            unmanaged += 1;
-            tracing::debug!(%key, managed_by = ?ep.managed_by(), "Endpoints without a Service, not managed by us: left alone");
         }
     }
     for svc in services.iter() {
         if desired::managed_selector(svc).is_some() && endpoints.get(&svc.key()).is_none() {
             ctx.enqueue_for(Controller::Endpoints, svc.key());
         }
-    }
-    ctx.metrics
-        .unmanaged_orphans
-        .with_label_values(&["cluster"])
-        .set(unmanaged);
-    if unmanaged > 0 {
-        warn!(
-            count = unmanaged,
-            "Endpoints without a Service that endpoints-guard does not manage; not deleting them"
-        );
     }
 }
 

@@ -13,7 +13,7 @@ use std::collections::HashSet;
 
 use super::guard::{self, ServiceLookup};
 use super::objects::{CachedEndpoints, managed_by, pod_target_refs};
-use super::{Context, handlers};
+use super::{Context, handlers, orphans};
 use crate::config::{Controller, Mode};
 use crate::desired::{self, PodInfo};
 use crate::error::{Error, Result, api_code};
@@ -51,6 +51,7 @@ impl std::fmt::Display for Verb {
 pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<()> {
     let service = ctx.stores.services.get(key);
     let endpoints = ctx.stores.endpoints.get(key);
+    orphans::observe(ctx, key, service.is_some(), endpoints.as_deref());
 
     let service = match service {
         Some(svc) => svc,
