@@ -3,10 +3,10 @@
 # this machine (no image can be pulled), run under the chart's security settings
 # against the local control plane. See docs/image-smoke.md.
 #
-# 1. Assembles an image FROM scratch: target/release/endpoints-guard and
-#    target/release/watch-chaos, the shared libraries `ldd` lists for them and the
-#    dynamic loader at their paths, /etc/passwd and /etc/group naming uid/gid 65532
-#    (distroless "nonroot"); USER 65532:65532, EXPOSE 8080, the same ENTRYPOINT.
+# 1. Assembles an image FROM scratch from the root file system of
+#    assemble_controller_rootfs (hack/lib.sh: the release binaries, their shared
+#    libraries, a CA bundle, uid/gid 65532); USER 65532:65532, EXPOSE 8080, the
+#    same ENTRYPOINT as the Dockerfile.
 # 2. Runs tests/image_smoke.rs (EG_IMAGE_SMOKE=1), which starts the control plane,
 #    applies the chart's RBAC, and runs the image with --read-only, --user
 #    65532:65532, --cap-drop ALL, --security-opt no-new-privileges on the host
@@ -79,41 +79,9 @@ ensure_docker() {
   die "dockerd started but did not answer within 30s (log: $work/dockerd.log)"
 }
 
-# Copies FILE into the context's root file system at the same path, following
-# symlinks (the libraries are symlinks to versioned files on Debian).
-copy_in() {
-  mkdir -p "$context/rootfs$(dirname "$1")"
-  cp -L "$1" "$context/rootfs$1"
-}
-
-# The shared libraries and the loader BINARY needs, as absolute paths.
-libraries() {
-  local deps
-  deps=$(ldd "$1") || die "ldd $1 failed"
-  if grep -q 'not found' <<<"$deps"; then
-    die "ldd $1: a library is missing: $deps"
-  fi
-  # "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)" and
-  # "/lib64/ld-linux-x86-64.so.2 (0x...)"; linux-vdso has no file.
-  awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' <<<"$deps"
-}
-
 assemble() {
-  local bin lib
   rm -rf "$context"
-  mkdir -p "$context/rootfs/usr/local/bin" "$context/rootfs/etc"
-  for bin in endpoints-guard watch-chaos; do
-    [ -x "$root/target/release/$bin" ] ||
-      die "target/release/$bin is missing: run 'cargo build --release -p endpoints-guard -p watch-chaos --bins' (make image-smoke does)"
-    cp "$root/target/release/$bin" "$context/rootfs/usr/local/bin/$bin"
-  done
-  for lib in $(for bin in endpoints-guard watch-chaos; do libraries "$root/target/release/$bin"; done | sort -u); do
-    copy_in "$lib"
-  done
-  # As in distroless: root, and nonroot with uid/gid 65532.
-  printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' \
-    >"$context/rootfs/etc/passwd"
-  printf 'root:x:0:\nnonroot:x:65532:\n' >"$context/rootfs/etc/group"
+  assemble_controller_rootfs "$context/rootfs"
   # The runtime stage of the Dockerfile, on an empty base.
   cat >"$context/Dockerfile" <<'EOF'
 FROM scratch

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Shared by the hack/ scripts: the repository root and how to find helm.
+# Shared by the hack/ scripts: the repository root, how to find helm, and the
+# controller image's root file system.
 # shellcheck shell=bash
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -28,4 +29,48 @@ find_helm() {
     return
   fi
   die "helm not found: set HELM, run 'make controlplane', or install helm"
+}
+
+# Copies FILE into the root file system ROOTFS at the same path, following
+# symlinks (the libraries are symlinks to versioned files on Debian).
+copy_into_rootfs() {
+  mkdir -p "$1$(dirname "$2")"
+  cp -L "$2" "$1$2"
+}
+
+# The shared libraries and the loader BINARY needs, as absolute paths.
+shared_libraries() {
+  local deps
+  deps=$(ldd "$1") || die "ldd $1 failed"
+  if grep -q 'not found' <<<"$deps"; then
+    die "ldd $1: a library is missing: $deps"
+  fi
+  # "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)" and
+  # "/lib64/ld-linux-x86-64.so.2 (0x...)"; linux-vdso has no file.
+  awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' <<<"$deps"
+}
+
+# The Dockerfile's runtime stage (distroless cc: glibc, libgcc, CA certificates,
+# uid/gid 65532), assembled in ROOTFS from what is on this machine, since no
+# base image can be pulled: endpoints-guard and watch-chaos from BIN_DIR
+# (default target/release), the libraries and loader they link, Debian's CA
+# bundle (a TLS client that loads the system roots fails without one),
+# /etc/passwd and /etc/group.
+assemble_controller_rootfs() {
+  local rootfs=$1 bins=${2:-$root/target/release} bin lib bundle=/etc/ssl/certs/ca-certificates.crt
+  mkdir -p "$rootfs/usr/local/bin" "$rootfs/etc/ssl/certs"
+  for bin in endpoints-guard watch-chaos; do
+    [ -x "$bins/$bin" ] ||
+      die "$bins/$bin is missing: run 'cargo build --release -p endpoints-guard -p watch-chaos --bins'"
+    cp "$bins/$bin" "$rootfs/usr/local/bin/$bin"
+  done
+  for lib in $(for bin in endpoints-guard watch-chaos; do shared_libraries "$bins/$bin"; done | sort -u); do
+    copy_into_rootfs "$rootfs" "$lib"
+  done
+  [ -s "$bundle" ] || die "$bundle is missing: install Debian's ca-certificates"
+  cp -L "$bundle" "$rootfs$bundle"
+  # As in distroless: root, and nonroot with uid/gid 65532.
+  printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' \
+    >"$rootfs/etc/passwd"
+  printf 'root:x:0:\nnonroot:x:65532:\n' >"$rootfs/etc/group"
 }

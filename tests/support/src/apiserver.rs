@@ -17,9 +17,10 @@ pub(crate) fn apiserver_args(
     etcd_port: u16,
 ) -> Vec<String> {
     let path = |p: &Path| p.display().to_string();
+    let bind = options.bind_address;
     let mut args = vec![
-        "--bind-address=127.0.0.1".to_string(),
-        "--advertise-address=127.0.0.1".to_string(),
+        format!("--bind-address={bind}"),
+        format!("--advertise-address={bind}"),
         format!("--secure-port={port}"),
         format!("--tls-cert-file={}", path(&pki.serving_cert)),
         format!("--tls-private-key-file={}", path(&pki.serving_key)),
@@ -29,7 +30,7 @@ pub(crate) fn apiserver_args(
             "--service-account-signing-key-file={}",
             path(&pki.sa_private_key)
         ),
-        format!("--service-account-issuer=https://127.0.0.1:{port}"),
+        format!("--service-account-issuer=https://{bind}:{port}"),
         "--authorization-mode=RBAC".to_string(),
         format!("--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}"),
         // No service-account controller runs, so namespaces never get their
@@ -46,6 +47,14 @@ pub(crate) fn apiserver_args(
         "--profiling=false".to_string(),
         "--v=1".to_string(),
     ];
+    if !bind.is_loopback() {
+        // Pods reach kube-apiserver through the `kubernetes` Service, whose
+        // endpoint the lease reconciler publishes (the advertise address),
+        // with the token the ServiceAccount admission plugin mounts (the
+        // real node's kube-controller-manager creates the accounts).
+        args.push("--endpoint-reconciler-type=lease".to_string());
+        args.push("--disable-admission-plugins=".to_string());
+    }
     if let Some(interval) = options.etcd_compaction_interval {
         args.push(format!(
             "--etcd-compaction-interval={}ms",

@@ -12,6 +12,10 @@ use rcgen::{
     Issuer, KeyPair, KeyUsagePurpose, SanType,
 };
 
+/// The `kubernetes` Service's ClusterIP: the first address of
+/// [`crate::SERVICE_CLUSTER_IP_RANGE`].
+pub const KUBERNETES_SERVICE_IP: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 96, 0, 1));
+
 /// Common name of the admin client certificate.
 pub const ADMIN_USER: &str = "eg-admin";
 
@@ -37,8 +41,16 @@ pub struct Pki {
 }
 
 impl Pki {
-    /// Generates every key and certificate and writes them into `dir`.
+    /// Generates every key and certificate and writes them into `dir`, for
+    /// a kube-apiserver on 127.0.0.1.
     pub fn generate(dir: &Path) -> Result<Self> {
+        Self::generate_for(dir, IpAddr::V4(Ipv4Addr::LOCALHOST))
+    }
+
+    /// As [`Pki::generate`], for a kube-apiserver that also listens on
+    /// `address`. The serving certificate always names the `kubernetes`
+    /// Service too (10.96.0.1 and its DNS names), as pods reach it there.
+    pub fn generate_for(dir: &Path, address: IpAddr) -> Result<Self> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
 
         let ca_key = KeyPair::generate().context("generating the CA key")?;
@@ -60,8 +72,21 @@ impl Pki {
         serving.distinguished_name = name("kube-apiserver", None);
         serving.subject_alt_names = vec![
             SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+            SanType::IpAddress(KUBERNETES_SERVICE_IP),
             SanType::DnsName("localhost".try_into().context("DNS name localhost")?),
         ];
+        if !address.is_loopback() {
+            serving.subject_alt_names.push(SanType::IpAddress(address));
+        }
+        for dns in [
+            "kubernetes",
+            "kubernetes.default",
+            "kubernetes.default.svc",
+            "kubernetes.default.svc.cluster.local",
+        ] {
+            let dns = dns.try_into().with_context(|| format!("DNS name {dns}"))?;
+            serving.subject_alt_names.push(SanType::DnsName(dns));
+        }
         serving.key_usages = vec![
             KeyUsagePurpose::DigitalSignature,
             KeyUsagePurpose::KeyEncipherment,

@@ -31,6 +31,7 @@ mod etcd_admin;
 mod kubeconfig;
 pub mod loopback;
 pub mod metrics;
+pub mod node;
 mod objects;
 pub mod process;
 pub mod prometheus;
@@ -40,7 +41,7 @@ pub mod soak;
 pub mod sockets;
 pub mod workload;
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -83,6 +84,11 @@ pub struct ControlPlaneOptions {
     /// can be dropped on their way to kube-apiserver's watch cache (see
     /// [`ControlPlane::etcd_drop_events`]).
     pub etcd_fault_proxy: bool,
+    /// Where kube-apiserver listens and what it advertises: loopback, or
+    /// (for a real node, see [`node`]) an address its pods can reach, which
+    /// also turns on the lease endpoint reconciler and ServiceAccount
+    /// admission.
+    pub bind_address: IpAddr,
 }
 
 impl Default for ControlPlaneOptions {
@@ -93,6 +99,7 @@ impl Default for ControlPlaneOptions {
             etcd_args: Vec::new(),
             startup_timeout: Duration::from_secs(90),
             etcd_fault_proxy: false,
+            bind_address: IpAddr::V4(Ipv4Addr::LOCALHOST),
         }
     }
 }
@@ -130,6 +137,7 @@ pub struct ControlPlane {
     startup_timeout: Duration,
     pki: Pki,
     secure_port: u16,
+    bind_address: IpAddr,
     kubeconfig: PathBuf,
     root: PathBuf,
     log_dir: PathBuf,
@@ -152,7 +160,7 @@ impl ControlPlane {
         let log_dir = root.join("logs");
         std::fs::create_dir_all(&log_dir)
             .with_context(|| format!("creating {}", log_dir.display()))?;
-        let pki = Pki::generate(&root.join("pki"))?;
+        let pki = Pki::generate_for(&root.join("pki"), options.bind_address)?;
 
         let etcd_ports = etcd::EtcdPorts::free()?;
         let etcd = match etcd::start(
@@ -186,7 +194,7 @@ impl ControlPlane {
             .map_or(etcd_ports.client, |proxy| proxy.listen_port);
 
         let secure_port = free_port()?;
-        let server = format!("https://127.0.0.1:{secure_port}");
+        let server = format!("https://{}", SocketAddr::new(options.bind_address, secure_port));
         let kubeconfig_text = kubeconfig::render(
             "eg-admin",
             &server,
@@ -211,6 +219,7 @@ impl ControlPlane {
             startup_timeout: options.startup_timeout,
             pki,
             secure_port,
+            bind_address: options.bind_address,
             kubeconfig,
             root,
             log_dir,
@@ -234,9 +243,15 @@ impl ControlPlane {
         &self.kubeconfig
     }
 
-    /// `https://127.0.0.1:<port>`.
+    /// `https://<bind address>:<port>` (127.0.0.1 unless
+    /// [`ControlPlaneOptions::bind_address`] says otherwise).
     pub fn server_url(&self) -> String {
-        format!("https://127.0.0.1:{}", self.secure_port)
+        format!("https://{}", SocketAddr::new(self.bind_address, self.secure_port))
+    }
+
+    /// kube-apiserver's secure port.
+    pub fn secure_port(&self) -> u16 {
+        self.secure_port
     }
 
     /// `http://127.0.0.1:<port>`: etcd's client URL.

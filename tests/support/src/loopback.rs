@@ -1,5 +1,8 @@
-//! A small HTTP/1.0 client for loopback services (watch-chaos's control API,
-//! Prometheus, endpoints-guard's own endpoints): one request per connection.
+//! A small HTTP/1.0 client for local services (watch-chaos's control API,
+//! Prometheus, endpoints-guard's own endpoints, on loopback or at a pod's
+//! address on the real node's bridge): one request per connection.
+
+use std::net::{Ipv4Addr, SocketAddr};
 
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
@@ -13,11 +16,30 @@ pub async fn request(
     content_type: &str,
     body: &str,
 ) -> Result<(u16, String)> {
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+    request_to(
+        SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+        method,
+        path,
+        content_type,
+        body,
+    )
+    .await
+}
+
+/// Sends one request to `addr`; returns the status code and body.
+pub async fn request_to(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    content_type: &str,
+    body: &str,
+) -> Result<(u16, String)> {
+    let mut stream = tokio::net::TcpStream::connect(addr)
         .await
-        .with_context(|| format!("connecting to 127.0.0.1:{port}"))?;
+        .with_context(|| format!("connecting to {addr}"))?;
+    let host = addr.ip();
     let request = format!(
-        "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.0\r\nHost: {host}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
     stream.write_all(request.as_bytes()).await?;
@@ -32,7 +54,7 @@ pub async fn request(
     Ok((code, text.to_string()))
 }
 
-/// A request whose answer must be 200 with a JSON body.
+/// A request to 127.0.0.1:`port` whose answer must be 200 with a JSON body.
 pub async fn json(
     port: u16,
     method: &str,
@@ -40,7 +62,25 @@ pub async fn json(
     content_type: &str,
     body: &str,
 ) -> Result<Value> {
-    let (code, text) = request(port, method, path, content_type, body).await?;
+    json_to(
+        SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+        method,
+        path,
+        content_type,
+        body,
+    )
+    .await
+}
+
+/// A request to `addr` whose answer must be 200 with a JSON body.
+pub async fn json_to(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    content_type: &str,
+    body: &str,
+) -> Result<Value> {
+    let (code, text) = request_to(addr, method, path, content_type, body).await?;
     if code != 200 {
         bail!("{method} {path}: {code} {text}");
     }

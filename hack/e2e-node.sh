@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# make e2e-node: endpoints-guard's chart on a real one-node cluster on this host
+# (kubelet, containerd, kube-proxy, a CNI bridge), traffic through a Service as
+# the judge, every fault row against endpoints-guard and against
+# kube-controller-manager's own endpoint controllers (tests/e2e_node.rs,
+# docs/e2e-node.md).
+#
+#   hack/e2e-node.sh [full|short]    (default full; make test runs short)
+#
+# As root it installs what is missing (Debian: containerd, runc,
+# containernetworking-plugins, iptables, conntrack, ca-certificates); not root,
+# or without apt-get, it says so in one line and exits 0. It refuses to run
+# beside a kubelet, containerd or kube-proxy it did not start. The host is
+# compared before and after; a failed run keeps its logs and prints where.
+#
+# Environment:
+#   EG_IMAGE_PROFILE  cargo profile whose binaries go into the controller image:
+#                     release (default) or debug (make test, already built)
+#   CARGO             cargo binary (default cargo)
+set -euo pipefail
+# shellcheck source=lib.sh
+. "$(dirname "$0")/lib.sh"
+
+form=${1:-full}
+profile=${EG_IMAGE_PROFILE:-release}
+cargo=${CARGO:-cargo}
+packages=(containerd runc containernetworking-plugins iptables conntrack ca-certificates)
+
+log() { echo "e2e-node: $*" >&2; }
+skip() {
+  log "skipped: $*"
+  exit 0
+}
+
+case "$form" in full | short) ;; *) die "usage: $0 [full|short]" ;; esac
+case "$profile" in release | debug) ;; *) die "EG_IMAGE_PROFILE must be release or debug" ;; esac
+
+[ "$(id -u)" = 0 ] || skip "a real node needs root (kubelet, containerd, iptables, mounts)"
+
+missing=()
+for package in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed' || missing+=("$package")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  command -v apt-get >/dev/null || skip "missing ${missing[*]} and no apt-get to install them"
+  log "installing ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # Debian's containerd package may start its service where an init system
+  # runs one; the node runs its own containerd.
+  if command -v service >/dev/null && pgrep -x containerd >/dev/null; then
+    service containerd stop >/dev/null 2>&1 || true
+  fi
+fi
+
+for program in kubelet containerd kube-proxy; do
+  if pgrep -x "$program" >/dev/null; then
+    die "a $program this run did not start is running (pid $(pgrep -x "$program" | tr '\n' ' ')): refusing to touch its node"
+  fi
+done
+
+if [ "$profile" = release ]; then
+  log "building the release binaries"
+  (cd "$root" && "$cargo" build --release -p endpoints-guard -p watch-chaos --bins)
+else
+  (cd "$root" && "$cargo" build -p endpoints-guard -p watch-chaos --bins)
+fi
+log "building the node images"
+EG_BIN_DIR="$root/target/$profile" bash "$root/hack/node-images.sh" >/dev/null
+
+log "running tests/e2e_node.rs ($form)"
+(cd "$root" && EG_E2E_NODE="$form" "$cargo" test --test e2e_node -- --nocapture)
