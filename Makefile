@@ -10,6 +10,7 @@
 #   make bench         endpoints-guard vs kube-controller-manager (SIZE=S|M|L|XL,
 #                      KIND=endpoints|endpointslices|both, REPEAT=N) → target/bench/
 #   make image-smoke   the runtime image under Docker, as the chart runs it, on the local control plane
+#   make chart-package helm lint --strict and helm package → target/chart/
 #
 # The control plane programs are built from Go modules (tests/controlplane/); set
 # KUBEBUILDER_ASSETS or EG_KUBE_APISERVER / EG_KUBE_CONTROLLER_MANAGER / EG_ETCD / EG_HELM /
@@ -31,8 +32,9 @@ toolchain:
 	@command -v go >/dev/null || { echo "make: go not found: install Go 1.26 or newer (https://go.dev/doc/install)"; exit 1; }
 	@if command -v rustup >/dev/null; then rustup component add rustfmt clippy >/dev/null 2>&1 || true; fi
 
+# EG_REVISION is endpoints_guard_build_info's revision label (else "unknown").
 build: toolchain
-	$(CARGO) build --release $(RELEASE_BINS)
+	EG_REVISION=$$(git rev-parse HEAD 2>/dev/null || echo unknown) $(CARGO) build --release $(RELEASE_BINS)
 
 controlplane: toolchain
 	@bash tests/controlplane/build.sh
@@ -103,11 +105,19 @@ clean:
 	$(CARGO) clean
 
 # --- deployment: chart, plain manifests, kind e2e -------------------------------
-.PHONY: deploy-manifests e2e-kind image-smoke lint-shell
+.PHONY: deploy-manifests chart-package e2e-kind image-smoke lint-shell
 
 # Renders deploy/ from charts/endpoints-guard (tests/chart.rs fails on drift).
 deploy-manifests: controlplane
 	bash hack/render-manifests.sh
+
+# The chart as a package: target/chart/endpoints-guard-<chart version>.tgz, linted
+# first (--strict). Push it to an OCI registry with
+#   helm push target/chart/endpoints-guard-<version>.tgz oci://<registry>/<path>
+# (docs/install.md).
+CHART_DIR ?= target/chart
+chart-package: controlplane
+	bash hack/package-chart.sh $(CHART_DIR)
 
 # kind e2e (needs Docker, kind, kubectl): cluster without the upstream endpoints
 # controller, image built and loaded, chart installed with the watch-chaos sidecar.

@@ -2,6 +2,8 @@
 # Renders deploy/ from the Helm chart, for `kubectl apply` users:
 #   deploy/endpoints-guard.yaml  everything (namespace endpoints-guard, audit mode)
 #   deploy/monitoring.yaml       ServiceMonitor, PrometheusRule, Grafana dashboard
+# (deploy/kustomization.yaml, written by hand, names the first for kustomize.)
+# The `helm test` hooks are left out (--skip-tests): they belong to Helm.
 # tests/chart.rs fails when these drift from `helm template`.
 #
 # Usage: hack/render-manifests.sh [OUT_DIR]   (default: deploy/)
@@ -21,7 +23,7 @@ header() {
 {
   header "Apply: kubectl apply -f deploy/endpoints-guard.yaml"
   "$helm" template endpoints-guard "$root/charts/endpoints-guard" \
-    --namespace endpoints-guard --set createNamespace=true
+    --namespace endpoints-guard --set createNamespace=true --skip-tests
 } >"$out/endpoints-guard.yaml"
 
 {

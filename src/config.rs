@@ -170,6 +170,17 @@ pub struct Config {
     #[arg(long, env = "EG_GHOST_SCAN_PERIOD", default_value = "15m", value_parser = parse_duration)]
     pub ghost_scan_period: Duration,
 
+    /// Client-side limit of requests a second to the API server (as
+    /// kube-controller-manager's flag of the same name); 0, the default: no
+    /// client-side limit, the API server's priority and fairness decides.
+    #[arg(long, env = "EG_KUBE_API_QPS", default_value_t = 0.0, value_parser = parse_api_qps)]
+    pub kube_api_qps: f64,
+
+    /// Requests allowed at once above --kube-api-qps before the limit holds
+    /// them back (used only when --kube-api-qps is above 0).
+    #[arg(long, env = "EG_KUBE_API_BURST", default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub kube_api_burst: u32,
+
     /// Elect a leader on a coordination.k8s.io Lease: only the leader writes, the
     /// others keep their caches warm. Turn on when running more than one replica.
     #[arg(long, env = "EG_LEADER_ELECT")]
@@ -198,6 +209,40 @@ pub struct Config {
     /// the lease duration).
     #[arg(long, env = "EG_LEADER_ELECTION_RENEW_GRACE", default_value = "5s", value_parser = parse_duration)]
     pub leader_election_renew_grace: Duration,
+
+    /// Without a subcommand, the controller runs.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// What the binary does instead of running the controller.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum Command {
+    /// Waits until the Endpoints and EndpointSlices of a Service list ready
+    /// addresses written by endpoints-guard (its field manager), then exits 0;
+    /// exits 1 when --timeout passes first. The chart's `helm test` Pod runs it
+    /// on the metrics Service. Uses the global connection flags (--kubeconfig).
+    VerifyEndpoints(VerifyArgs),
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct VerifyArgs {
+    /// Namespace of the Service.
+    #[arg(long)]
+    pub namespace: String,
+    /// Name of the Service.
+    #[arg(long)]
+    pub service: String,
+    /// Which objects to check: those of the controllers that run.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = Controller::ALL)]
+    pub controllers: Vec<Controller>,
+    /// Accept objects written by anyone (audit mode: upstream's controllers
+    /// write them).
+    #[arg(long)]
+    pub any_writer: bool,
+    /// How long to wait.
+    #[arg(long, default_value = "2m", value_parser = parse_duration)]
+    pub timeout: Duration,
 }
 
 impl Config {
@@ -230,6 +275,20 @@ impl Config {
     }
 }
 
+/// The API client's requests a second: 0 (no limit) to 10,000.
+fn parse_api_qps(text: &str) -> Result<f64, String> {
+    let value: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of requests per second"))?;
+    if !(0.0..=10_000.0).contains(&value) {
+        return Err(format!(
+            "{value} requests per second: use 0 (no limit) to 10000"
+        ));
+    }
+    Ok(value)
+}
+
 /// A reads-per-second budget: 0 to 1000.
 fn parse_qps(text: &str) -> Result<f64, String> {
     let value: f64 = text
@@ -242,28 +301,73 @@ fn parse_qps(text: &str) -> Result<f64, String> {
     Ok(value)
 }
 
-/// Parses `300`, `300s`, `5m`, `1h` or `250ms`.
+/// Parses a Go duration, as kube-controller-manager's flags take them: a
+/// sequence of decimal numbers, each with an optional fraction and a unit
+/// (`ns`, `us`/`µs`, `ms`, `s`, `m`, `h`), e.g. `1m30s`, `500ms`, `1.5h`,
+/// `0`; no sign. A bare number of seconds (`300`) is accepted too, as before.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (digits, unit) = text.split_at(split);
-    let value: u64 = digits
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration (examples: 30s, 5m, 1h)"))?;
-    let seconds = match unit {
-        "ms" => return Ok(Duration::from_millis(value)),
-        "" | "s" => value,
-        "m" => value * 60,
-        "h" => value * 3600,
-        _ => {
-            return Err(format!(
-                "{text:?}: unknown unit {unit:?} (use ms, s, m or h)"
-            ));
+    let bad =
+        |why: &str| format!("{text:?} is not a duration ({why}; examples: 30s, 1m30s, 500ms, 1h)");
+    if text.is_empty() {
+        return Err(bad("empty"));
+    }
+    if text.bytes().all(|b| b.is_ascii_digit()) {
+        return text
+            .parse::<u64>()
+            .map(Duration::from_secs)
+            .map_err(|_| bad("too large"));
+    }
+    let mut rest = text;
+    let mut nanos: u128 = 0;
+    while !rest.is_empty() {
+        let number_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(|| bad("a number without a unit"))?;
+        let (number, tail) = rest.split_at(number_len);
+        let unit_len = tail
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(tail.len());
+        let (unit, tail) = tail.split_at(unit_len);
+        let per_unit: u128 = match unit {
+            "ns" => 1,
+            "us" | "µs" | "μs" => 1_000,
+            "ms" => 1_000_000,
+            "s" => 1_000_000_000,
+            "m" => 60_000_000_000,
+            "h" => 3_600_000_000_000,
+            "" => return Err(bad("a number without a unit")),
+            _ => {
+                return Err(bad(&format!(
+                    "unknown unit {unit:?}: use ns, us, ms, s, m or h"
+                )));
+            }
+        };
+        let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+        if whole.is_empty() && fraction.is_empty() || fraction.contains('.') {
+            return Err(bad(&format!("{number:?} is not a number")));
         }
-    };
-    Ok(Duration::from_secs(seconds))
+        let whole: u128 = if whole.is_empty() {
+            0
+        } else {
+            whole.parse().map_err(|_| bad("too large"))?
+        };
+        // Digits beyond nanosecond precision cannot change the result.
+        let mut part = whole
+            .checked_mul(per_unit)
+            .ok_or_else(|| bad("too large"))?;
+        let mut scale = per_unit;
+        for digit in fraction.bytes() {
+            scale /= 10;
+            part += u128::from(digit - b'0') * scale;
+        }
+        nanos = nanos.checked_add(part).ok_or_else(|| bad("too large"))?;
+        rest = tail;
+    }
+    let seconds = u64::try_from(nanos / 1_000_000_000).map_err(|_| bad("too large"))?;
+    // The remainder is below 10^9 and fits a u32.
+    let subsec = u32::try_from(nanos % 1_000_000_000).map_err(|_| bad("too large"))?;
+    Ok(Duration::new(seconds, subsec))
 }
 
 #[cfg(test)]
@@ -277,6 +381,67 @@ mod tests {
         assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
         assert!(parse_duration("5 minutes").is_err());
         assert!(parse_duration("m").is_err());
+    }
+
+    /// What Go's time.ParseDuration accepts (and kube-controller-manager's
+    /// duration flags with it), and what it refuses.
+    #[test]
+    fn go_durations() {
+        let ok = |text: &str, want: Duration| assert_eq!(parse_duration(text), Ok(want), "{text}");
+        ok("1m30s", Duration::from_secs(90));
+        ok("500ms", Duration::from_millis(500));
+        ok("1h", Duration::from_secs(3600));
+        ok("1h2m3s4ms5us6ns", Duration::new(3723, 4_005_006));
+        ok("1.5h", Duration::from_secs(5400));
+        ok(".5s", Duration::from_millis(500));
+        ok("1.s", Duration::from_secs(1));
+        ok("2µs", Duration::from_micros(2));
+        ok("0", Duration::ZERO);
+        ok("0s", Duration::ZERO);
+        ok("1.0000000001s", Duration::from_secs(1));
+        for bad in [
+            "", "s", "-1s", "+1s", "1d", "1m30", "1..5s", ".s", "1 s", "1s 2s", "1h-2m",
+        ] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} was accepted");
+        }
+        assert!(parse_duration("99999999999999999999h").is_err());
+    }
+
+    #[test]
+    fn api_rate_limit_flags() {
+        let cfg = Config::try_parse_from(["endpoints-guard"]).expect("defaults parse");
+        assert_eq!(cfg.kube_api_qps, 0.0, "no client-side limit by default");
+        assert_eq!(cfg.kube_api_burst, 30);
+        let cfg = Config::try_parse_from([
+            "endpoints-guard",
+            "--kube-api-qps=50",
+            "--kube-api-burst=100",
+        ])
+        .expect("parse");
+        assert_eq!((cfg.kube_api_qps, cfg.kube_api_burst), (50.0, 100));
+        assert!(Config::try_parse_from(["endpoints-guard", "--kube-api-qps=-1"]).is_err());
+        assert!(Config::try_parse_from(["endpoints-guard", "--kube-api-burst=0"]).is_err());
+    }
+
+    #[test]
+    fn verify_endpoints_subcommand() {
+        let cfg = Config::try_parse_from([
+            "endpoints-guard",
+            "verify-endpoints",
+            "--namespace=eg",
+            "--service=eg-metrics",
+            "--timeout=1m30s",
+        ])
+        .expect("parse");
+        let Some(Command::VerifyEndpoints(args)) = cfg.command else {
+            panic!("no subcommand: {cfg:?}");
+        };
+        assert_eq!(args.namespace, "eg");
+        assert_eq!(args.service, "eg-metrics");
+        assert_eq!(args.timeout, Duration::from_secs(90));
+        assert_eq!(args.controllers, Controller::ALL);
+        assert!(!args.any_writer);
+        assert!(Config::try_parse_from(["endpoints-guard", "verify-endpoints"]).is_err());
     }
 
     #[test]

@@ -3,8 +3,8 @@
 
 use anyhow::Context as _;
 use clap::Parser;
-use endpoints_guard::config::{Config, LogFormat};
-use endpoints_guard::{controller, startup};
+use endpoints_guard::config::{Command, Config, LogFormat};
+use endpoints_guard::{controller, startup, verify_endpoints};
 use tokio::sync::watch;
 use tracing_subscriber::EnvFilter;
 
@@ -40,6 +40,11 @@ fn init_tracing(format: LogFormat) {
 }
 
 async fn run(cfg: Config) -> anyhow::Result<()> {
+    if let Some(Command::VerifyEndpoints(args)) = &cfg.command {
+        let client = startup::client(&cfg).await?;
+        verify_endpoints::run(&client, args).await?;
+        return Ok(());
+    }
     cfg.validate()
         .map_err(|why| anyhow::anyhow!("configuration: {why}"))?;
     let client = startup::client(&cfg).await?;

@@ -20,6 +20,15 @@ use crate::error::{Error, Result};
 use crate::reconcile::guard::PREVENTION_REASONS;
 use hardened_watcher::{DriftKind, RestartReason, StaleReason};
 
+/// The release, for `endpoints_guard_build_info{version}`.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The source revision the binary was built from: `EG_REVISION` at build
+/// time (`make build` sets it from git), else `unknown`.
+pub const REVISION: &str = match option_env!("EG_REVISION") {
+    Some(revision) if !revision.is_empty() => revision,
+    _ => "unknown",
+};
+
 /// `resource`: the watched (and resynced) resources.
 pub const RESOURCES: &[&str] = &["services", "pods", "endpoints", "endpointslices", "nodes"];
 /// `result` of a reconcile.
@@ -106,6 +115,25 @@ pub struct Metrics {
     pub ghost_scan_pass_seconds: Gauge,
 }
 
+/// The metrics that describe the process rather than the controller:
+/// `process_*` (CPU, memory, file descriptors, start time; read from /proc at
+/// each scrape) and `endpoints_guard_build_info{version,revision}` at 1.
+fn register_process_and_build(registry: &Registry) -> prometheus::Result<()> {
+    #[cfg(target_os = "linux")]
+    registry.register(Box::new(
+        prometheus::process_collector::ProcessCollector::for_self(),
+    ))?;
+    let build_info = IntGaugeVec::new(
+        opts(
+            "build_info",
+            "1, labelled with the endpoints-guard release and the source revision it was built from.",
+        ),
+        &["version", "revision"],
+    )?;
+    build_info.with_label_values(&[VERSION, REVISION]).set(1);
+    registry.register(Box::new(build_info))
+}
+
 fn opts(name: &str, help: &str) -> Opts {
     Opts::new(format!("endpoints_guard_{name}"), help)
 }
@@ -121,6 +149,8 @@ impl Metrics {
         m.export_fixed_series()
             .map_err(|e| Error::Config(format!("metrics: {e}")))?;
         m.register_all(&registry)
+            .map_err(|e| Error::Config(format!("metrics registration: {e}")))?;
+        register_process_and_build(&registry)
             .map_err(|e| Error::Config(format!("metrics registration: {e}")))?;
         Ok(Self { registry, ..m })
     }

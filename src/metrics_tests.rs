@@ -60,9 +60,40 @@ fn renders_prefixed_names() {
         .filter(|l| !l.starts_with('#') && !l.is_empty())
     {
         assert!(
-            line.starts_with("endpoints_guard_"),
+            line.starts_with("endpoints_guard_") || line.starts_with("process_"),
             "unprefixed metric: {line}"
         );
+    }
+}
+
+/// The process's own metrics (as every Prometheus client library exports
+/// them) and the build's, beside the controller's.
+#[test]
+fn process_and_build_info_are_exported() {
+    let m = Metrics::new().expect("metrics");
+    let exported = exported(&m);
+    let build = &exported["endpoints_guard_build_info"];
+    assert_eq!(
+        build.iter().collect::<Vec<_>>(),
+        [(&vec![REVISION.to_string(), VERSION.to_string()], &1.0)],
+        "one series, at 1, labels revision and version"
+    );
+    assert_eq!(VERSION, env!("CARGO_PKG_VERSION"));
+    for name in [
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_virtual_memory_bytes",
+        "process_open_fds",
+        "process_max_fds",
+        "process_start_time_seconds",
+    ] {
+        let series = exported
+            .get(name)
+            .unwrap_or_else(|| panic!("{name} is not exported"));
+        let value = series.values().next().copied().unwrap_or_default();
+        if name != "process_cpu_seconds_total" {
+            assert!(value > 0.0, "{name} = {value}");
+        }
     }
 }
 
@@ -82,6 +113,11 @@ fn every_registered_metric_is_exported_at_zero_from_start_up() {
         .flat_map(|c| c.desc().into_iter().map(|d| d.fq_name.clone()))
         .collect();
     assert!(!names.is_empty());
+    // Not the controller's: the process's and the build's (tested below).
+    let exported: BTreeMap<_, _> = exported
+        .into_iter()
+        .filter(|(name, _)| !name.starts_with("process_") && name != "endpoints_guard_build_info")
+        .collect();
     for name in &names {
         let series = exported.get(name).unwrap_or_else(|| {
             panic!(
@@ -144,6 +180,8 @@ fn every_fixed_label_value_is_exported() {
         ("queue_depth", every(&[&controllers])),
         ("store_rewinds_total", every(&[RESOURCES])),
         ("ghosts_found_total", every(&[RESOURCES])),
+        // revision before version.
+        ("build_info", vec![vec![REVISION, VERSION]]),
     ]);
     let m = Metrics::new().expect("metrics");
     let exported = exported(&m);

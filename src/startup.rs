@@ -12,6 +12,7 @@ use crate::config::{Config, Mode};
 use crate::controller;
 use crate::error::{Error, Result};
 use crate::kinds::{EndpointSliceKind, EndpointsKind, Kind, NodeKind, PodKind, ServiceKind};
+use crate::ratelimit::RateLimitLayer;
 
 /// Builds a client from `--kubeconfig`/`$KUBECONFIG`, else in-cluster, else
 /// `~/.kube/config`.
@@ -37,10 +38,30 @@ pub async fn client(cfg: &Config) -> Result<Client> {
             ))
         })?,
     };
+    let mut kube_config = kube_config;
+    // The API server names the writer of each field after the user agent's
+    // first word (metadata.managedFields[].manager), and audit logs show it.
+    kube_config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_static(USER_AGENT),
+    ));
     let url = kube_config.cluster_url.clone();
-    Client::try_from(kube_config)
-        .map_err(|e| Error::Config(format!("cannot build a client for {url}: {e}")))
+    let builder = kube::client::ClientBuilder::try_from(kube_config)
+        .map_err(|e| Error::Config(format!("cannot build a client for {url}: {e}")))?;
+    Ok(
+        match RateLimitLayer::new(cfg.kube_api_qps, cfg.kube_api_burst) {
+            Some(limit) => builder.with_layer(&limit).build(),
+            None => builder.build(),
+        },
+    )
 }
+
+/// The user agent of every API request; its first word, `endpoints-guard`, is
+/// the field manager of what the controller writes.
+pub const USER_AGENT: &str = concat!("endpoints-guard/", env!("CARGO_PKG_VERSION"));
+
+/// The field manager the API server records for this controller's writes.
+pub const FIELD_MANAGER: &str = "endpoints-guard";
 
 /// Waits up to `timeout` for the API server to answer, then checks that the
 /// credentials may list and watch what the controller reads.

@@ -6,6 +6,10 @@
 mod common;
 #[path = "chart/install.rs"]
 mod install;
+#[path = "chart/package.rs"]
+mod package;
+#[path = "chart/rbac.rs"]
+mod rbac;
 #[path = "chart/render.rs"]
 mod render;
 
@@ -29,7 +33,9 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
-use render::{container, documents, find, helm, root, run, stdout, strings, template};
+use render::{
+    container, documents, find, find_all, helm, root, run, stdout, strings, template, template_with,
+};
 use serde_yaml::Value;
 
 const CHART: &str = "charts/endpoints-guard";
@@ -38,9 +44,10 @@ const NAMESPACE: &str = "endpoints-guard";
 
 #[test]
 fn helm_lint_passes_with_and_without_the_optional_parts() -> Result<()> {
-    run(Command::new(helm()).args(["lint", CHART]))?;
+    run(Command::new(helm()).args(["lint", "--strict", CHART]))?;
     run(Command::new(helm()).args([
         "lint",
+        "--strict",
         CHART,
         "--set",
         "serviceMonitor.enabled=true,prometheusRule.enabled=true,grafanaDashboard.enabled=true,chaos.enabled=true,createNamespace=true",
@@ -63,8 +70,13 @@ fn deploy_manifests_match_helm_template() -> Result<()> {
             "deploy/{file} drifted from `helm template`: run `make deploy-manifests` and commit the result"
         );
     }
-    // And the script renders what plain `helm template` renders.
-    let plain = template(&["createNamespace=true"])?;
+    // And the script renders what plain `helm template` renders, less the
+    // `helm test` hooks.
+    let plain = template_with(&["--skip-tests"], &["createNamespace=true"])?;
+    assert!(
+        !plain.contains("helm.sh/hook"),
+        "a hook in deploy/endpoints-guard.yaml"
+    );
     let file = std::fs::read_to_string(root().join("deploy/endpoints-guard.yaml"))?;
     let body: String = file
         .lines()
@@ -147,13 +159,15 @@ fn rendered_objects_are_hardened_and_least_privilege() -> Result<()> {
     assert_eq!(
         granted,
         [
+            "/endpoints/restricted: create",
             "/endpoints: create,delete,get,list,update,watch",
-            "/events: create,patch",
+            "/events: create,patch,update",
             "/nodes: get,list,watch",
             "/pods: get,list,watch",
+            "/services/finalizers: update",
             "/services: get,list,watch",
             "discovery.k8s.io/endpointslices: create,delete,get,list,update,watch",
-            "events.k8s.io/events: create,patch",
+            "events.k8s.io/events: create,patch,update",
         ]
     );
     let role = find(&docs, "Role")?;

@@ -247,7 +247,11 @@ async fn prometheus_fires_the_charts_alerts() -> Result<()> {
     }
 
     // (c) The controller killed: no target answers; NotReady after its 5 s.
-    let not_ready = [("namespace", namespace), ("job", monitoring.job.as_str())];
+    // By the metrics Service's name (the `service` label), not by `job`.
+    let not_ready = [
+        ("namespace", namespace),
+        ("service", monitoring.job.as_str()),
+    ];
     assert_eq!(
         firing(&prometheus, "EndpointsGuardNotReady", &not_ready).await?,
         0

@@ -1,8 +1,55 @@
-//! `helm install` on a real control plane, then endpoints-guard with the
-//! chart's ServiceAccount token: it reconciles (Endpoints and EndpointSlices)
-//! and is denied the rest.
+//! `helm install` on a real control plane whose kube-apiserver runs the
+//! admission plugins hardened and OpenShift-like clusters enable, then
+//! endpoints-guard with the chart's ServiceAccount token: it reconciles
+//! (Endpoints and EndpointSlices) and is denied the rest; the `helm test`
+//! check passes on the metrics Service once endpoints-guard wrote it, and
+//! not before.
+
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 
 use super::*;
+
+/// Admission plugins on top of kube-apiserver's defaults, as hardened and
+/// OpenShift-like clusters run them (docs/rbac.md). PodSecurity, Priority,
+/// LimitRanger and ResourceQuota are on by default; listed to stay on.
+const HARDENED_ADMISSION: &str = "--enable-admission-plugins=NodeRestriction,PodSecurity,\
+OwnerReferencesPermissionEnforcement,AlwaysPullImages,DenyServiceExternalIPs,\
+LimitRanger,ResourceQuota,PodTolerationRestriction,Priority";
+
+/// The chart's pod as the Deployment would create it, on `node`.
+fn deployment_pod(deployment: &Deployment, name: &str, node: &str) -> Result<Pod> {
+    let template = deployment
+        .spec
+        .as_ref()
+        .map(|s| s.template.clone())
+        .context("Deployment without a template")?;
+    let mut metadata = template.metadata.unwrap_or_default();
+    metadata.name = Some(name.to_string());
+    metadata.namespace = Some(NAMESPACE.to_string());
+    let mut spec = template.spec.context("template without a spec")?;
+    spec.node_name = Some(node.to_string());
+    Ok(Pod {
+        metadata,
+        spec: Some(spec),
+        status: None,
+    })
+}
+
+/// Runs `endpoints-guard --kubeconfig <kubeconfig> <args>` to its end: whether
+/// it succeeded, and its stderr.
+async fn run_verify(kubeconfig: &Path, args: &[String]) -> Result<(bool, String)> {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_endpoints-guard"))
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .output()
+        .await?;
+    Ok((
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
+}
 
 /// Just enough of the Prometheus operator's CRDs for the API server to accept
 /// a ServiceMonitor and a PrometheusRule (their schemas are not checked).
@@ -32,7 +79,8 @@ fn api_code<T>(result: &kube::Result<T>) -> Option<u16> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_install_then_run_with_the_charts_service_account() -> Result<()> {
-    let cp = ControlPlane::start(ControlPlaneOptions::default()).await?;
+    let cp = ControlPlane::start(ControlPlaneOptions::default().apiserver_arg(HARDENED_ADMISSION))
+        .await?;
     let client = cp.client();
 
     // The monitoring objects are installed too, against minimal CRDs.
@@ -91,6 +139,100 @@ async fn helm_install_then_run_with_the_charts_service_account() -> Result<()> {
         .status
         .and_then(|s| s.token)
         .context("TokenRequest without a token")?;
+
+    // The release namespace under the restricted Pod Security profile; the
+    // Deployment's pod and the `helm test` Pod are admitted there.
+    let restricted = Patch::Merge(serde_json::json!({"metadata": {"labels": {
+        "pod-security.kubernetes.io/enforce": "restricted",
+    }}}));
+    Api::<Namespace>::all(client.clone())
+        .patch(NAMESPACE, &PatchParams::default(), &restricted)
+        .await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let loose = PodBuilder::new(NAMESPACE, "not-restricted").build();
+    assert_eq!(
+        api_code(&pods.create(&PostParams::default(), &loose).await),
+        Some(403),
+        "PodSecurity must refuse a pod outside the restricted profile"
+    );
+    let deployment = Api::<Deployment>::namespaced(client.clone(), NAMESPACE)
+        .get(RELEASE)
+        .await?;
+    pods.create(
+        &PostParams::default(),
+        &deployment_pod(&deployment, "endpoints-guard-0", "node-a")?,
+    )
+    .await
+    .context("the Deployment's pod under the restricted profile and the hardened admission")?;
+    cp.set_pod_status(
+        NAMESPACE,
+        "endpoints-guard-0",
+        PodStatusSpec::ready(["10.1.0.9"]),
+    )
+    .await?;
+    // The `helm test` hook: its ServiceAccount, Role, RoleBinding and Pod.
+    let hooks = documents(&stdout(Command::new(helm()).args([
+        "template",
+        RELEASE,
+        CHART,
+        "--namespace",
+        NAMESPACE,
+        "--set",
+        "mode=enforce",
+        "--show-only",
+        "templates/tests/verify-endpoints.yaml",
+    ]))?)?;
+    let test_sa: ServiceAccount = serde_yaml::from_value(find(&hooks, "ServiceAccount")?.clone())?;
+    let test_sa_name = test_sa.metadata.name.clone().context("test SA name")?;
+    Api::<ServiceAccount>::namespaced(client.clone(), NAMESPACE)
+        .create(&PostParams::default(), &test_sa)
+        .await?;
+    Api::<Role>::namespaced(client.clone(), NAMESPACE)
+        .create(
+            &PostParams::default(),
+            &serde_yaml::from_value(find(&hooks, "Role")?.clone())?,
+        )
+        .await?;
+    Api::<RoleBinding>::namespaced(client.clone(), NAMESPACE)
+        .create(
+            &PostParams::default(),
+            &serde_yaml::from_value(find(&hooks, "RoleBinding")?.clone())?,
+        )
+        .await?;
+    let mut test_pod: Pod = serde_yaml::from_value(find(&hooks, "Pod")?.clone())?;
+    let test_args = test_pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.args.clone())
+        .context("the test Pod's args")?;
+    if let Some(spec) = test_pod.spec.as_mut() {
+        spec.node_name = Some("node-a".to_string());
+    }
+    pods.create(&PostParams::default(), &test_pod)
+        .await
+        .context("the helm test Pod under the restricted profile")?;
+    let test_token = Api::<ServiceAccount>::namespaced(client.clone(), NAMESPACE)
+        .create_token_request(&test_sa_name, &PostParams::default(), &request)
+        .await?
+        .status
+        .and_then(|s| s.token)
+        .context("TokenRequest without a token")?;
+    let test_kubeconfig = cp.kubeconfig_for_token("chart-test", &test_token)?;
+    // Before endpoints-guard runs, nobody wrote the metrics Service's objects:
+    // the check fails.
+    let mut quick: Vec<String> = test_args
+        .iter()
+        .filter(|a| !a.starts_with("--timeout"))
+        .cloned()
+        .collect();
+    quick.push("--timeout=1s".to_string());
+    let (passed, stderr) = run_verify(&test_kubeconfig, &quick).await?;
+    assert!(
+        !passed,
+        "helm test passed before endpoints-guard ran: {stderr}"
+    );
+    assert!(stderr.contains("no Endpoints"), "{stderr}");
 
     cp.create_namespace("demo").await?;
     // The pod's Node: the EndpointSlice controller leaves out pods on Nodes it
@@ -176,6 +318,12 @@ async fn helm_install_then_run_with_the_charts_service_account() -> Result<()> {
         },
     )
     .await?;
+    // What `helm test` runs, with the test ServiceAccount's token: passes.
+    let (passed, stderr) = run_verify(&test_kubeconfig, &test_args).await?;
+    assert!(
+        passed,
+        "helm test failed after endpoints-guard wrote the objects: {stderr}"
+    );
     let lease = Api::<Lease>::namespaced(client.clone(), NAMESPACE)
         .get("endpoints-guard")
         .await?;

@@ -41,12 +41,25 @@ pub fn stdout(cmd: &mut Command) -> Result<String> {
 }
 
 pub fn template(sets: &[&str]) -> Result<String> {
+    template_with(&[], sets)
+}
+
+/// `helm template` with more arguments (e.g. `--skip-tests`, `--show-only`).
+pub fn template_with(args: &[&str], sets: &[&str]) -> Result<String> {
     let mut cmd = Command::new(helm());
     cmd.args(["template", RELEASE, CHART, "--namespace", NAMESPACE]);
+    cmd.args(args);
     for set in sets {
         cmd.args(["--set", set]);
     }
     stdout(&mut cmd)
+}
+
+/// Every rendered object of `kind`.
+pub fn find_all<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    docs.iter()
+        .filter(|d| d["kind"].as_str() == Some(kind))
+        .collect()
 }
 
 pub fn documents(yaml: &str) -> Result<Vec<Value>> {

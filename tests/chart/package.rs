@@ -1,0 +1,417 @@
+//! The chart as a package (issue 22 §3–§5): its metadata, `helm package`,
+//! use as a dependency of another chart with `global` values, the image by
+//! digest, kustomize over deploy/, scheduling and disruption defaults, the
+//! `helm test` hook, the ServiceMonitor's fields, the alerts' switches, labels
+//! and runbook, and Go durations in the values.
+
+use super::*;
+
+fn chart_yaml() -> Result<Value> {
+    let text = std::fs::read_to_string(root().join(CHART).join("Chart.yaml"))?;
+    Ok(serde_yaml::from_str(&text)?)
+}
+
+#[test]
+fn chart_metadata_is_complete_and_packages() -> Result<()> {
+    let chart = chart_yaml()?;
+    for key in ["sources", "maintainers"] {
+        assert!(
+            chart[key].as_sequence().is_some_and(|s| !s.is_empty()),
+            "Chart.yaml without {key}"
+        );
+    }
+    for key in ["icon", "kubeVersion", "home"] {
+        assert!(chart[key].as_str().is_some(), "Chart.yaml without {key}");
+    }
+    assert!(
+        chart["annotations"]
+            .as_mapping()
+            .is_some_and(|a| !a.is_empty()),
+        "Chart.yaml without annotations"
+    );
+    let version = chart["version"].as_str().context("version")?;
+    let app_version = chart["appVersion"].as_str().context("appVersion")?;
+    assert_ne!(
+        version, app_version,
+        "the chart's version is its own, not the app's"
+    );
+    // `make chart-package`: lint --strict, then helm package.
+    let dir = tempfile::tempdir()?;
+    run(Command::new("bash")
+        .arg("hack/package-chart.sh")
+        .arg(dir.path()))?;
+    let package = dir.path().join(format!("endpoints-guard-{version}.tgz"));
+    assert!(package.is_file(), "no {}", package.display());
+    // The package renders like the folder.
+    let from_package = stdout(
+        Command::new(helm())
+            .args(["template", RELEASE])
+            .arg(&package)
+            .args(["--namespace", NAMESPACE]),
+    )?;
+    assert_eq!(from_package, template(&[])?);
+    Ok(())
+}
+
+/// A parent chart that depends on this one through `file://`, rendered with
+/// `global:` values (which every chart of a parent receives) and values for
+/// the dependency under its name.
+#[test]
+fn the_chart_works_as_a_dependency_with_global_values() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let parent = dir.path().join("platform");
+    std::fs::create_dir_all(parent.join("templates"))?;
+    let chart_dir = root().join(CHART);
+    std::fs::write(
+        parent.join("Chart.yaml"),
+        format!(
+            "apiVersion: v2\nname: platform\nversion: 1.0.0\ndependencies:\n  - name: endpoints-guard\n    version: \"{}\"\n    repository: \"file://{}\"\n",
+            chart_yaml()?["version"].as_str().context("version")?,
+            chart_dir.display()
+        ),
+    )?;
+    std::fs::write(
+        parent.join("values.yaml"),
+        "global:\n  imageRegistry: registry.example.com\n  labels:\n    team: platform\nendpoints-guard:\n  mode: enforce\n  image:\n    repository: registry.example.com/endpoints-guard\n",
+    )?;
+    std::fs::write(
+        parent.join("templates/configmap.yaml"),
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: platform\ndata:\n  registry: {{ .Values.global.imageRegistry }}\n",
+    )?;
+    // Helm's own folders in the temporary one: no repository is consulted.
+    let home = dir.path().join("helm-home");
+    run(Command::new(helm())
+        .arg("dependency")
+        .arg("update")
+        .arg(&parent)
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_DATA_HOME", home.join("data")))?;
+    let rendered = stdout(
+        Command::new(helm())
+            .args(["template", "platform"])
+            .arg(&parent)
+            .args(["--namespace", "platform", "--set", "global.extra=1"]),
+    )?;
+    let docs = documents(&rendered)?;
+    let deployment = find(&docs, "Deployment")?;
+    assert_eq!(
+        deployment["metadata"]["name"].as_str(),
+        Some("platform-endpoints-guard")
+    );
+    let main = container(deployment, "endpoints-guard")?;
+    assert_eq!(
+        main["image"].as_str(),
+        Some("registry.example.com/endpoints-guard:0.1.0")
+    );
+    assert!(strings(&main["args"]).contains(&"--mode=enforce".to_string()));
+    find(&docs, "ConfigMap")?;
+    // The dependency's schema is enforced there (so `global` passing is the
+    // schema accepting it): a value it does not know is refused.
+    let refused = run(Command::new(helm())
+        .args(["template", "platform"])
+        .arg(&parent)
+        .args(["--set", "endpoints-guard.notAValue=1"]));
+    assert!(refused.is_err(), "the schema accepts unknown values");
+    Ok(())
+}
+
+#[test]
+fn the_image_is_pinned_by_digest_when_given() -> Result<()> {
+    let digest = format!("sha256:{}", "ab".repeat(32));
+    let docs = documents(&template(&[
+        "image.repository=registry.example.com/eg",
+        &format!("image.digest={digest}"),
+        "image.tag=ignored",
+    ])?)?;
+    let main = container(find(&docs, "Deployment")?, "endpoints-guard")?;
+    let want = format!("registry.example.com/eg@{digest}");
+    assert_eq!(main["image"].as_str(), Some(want.as_str()));
+    assert!(
+        template(&["image.digest=latest"]).is_err(),
+        "a digest that is not one"
+    );
+    Ok(())
+}
+
+/// `kustomize edit set image endpoints-guard=...` rewrites the images whose
+/// name is `endpoints-guard`: the one deploy/endpoints-guard.yaml runs.
+#[test]
+fn deploy_kustomization_sets_the_rendered_image() -> Result<()> {
+    let text = std::fs::read_to_string(root().join("deploy/kustomization.yaml"))?;
+    let kustomization: Value = serde_yaml::from_str(&text)?;
+    assert_eq!(kustomization["kind"].as_str(), Some("Kustomization"));
+    let resources = strings(&kustomization["resources"]);
+    for resource in &resources {
+        assert!(
+            root().join("deploy").join(resource).is_file(),
+            "{resource} is not in deploy/"
+        );
+    }
+    assert!(resources.contains(&"endpoints-guard.yaml".to_string()));
+    let image = &kustomization["images"][0];
+    let rendered = documents(&std::fs::read_to_string(
+        root().join("deploy/endpoints-guard.yaml"),
+    )?)?;
+    let main = container(find(&rendered, "Deployment")?, "endpoints-guard")?;
+    let (name, tag) = main["image"]
+        .as_str()
+        .and_then(|i| i.rsplit_once(':'))
+        .context("image name:tag")?;
+    assert_eq!(image["name"].as_str(), Some(name));
+    assert_eq!(image["newTag"].as_str(), Some(tag));
+    Ok(())
+}
+
+#[test]
+fn scheduling_and_disruption_defaults() -> Result<()> {
+    let docs = documents(&template(&[])?)?;
+    let pod = &find(&docs, "Deployment")?["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["priorityClassName"].as_str(),
+        Some("system-cluster-critical")
+    );
+    let anti =
+        &pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0];
+    assert_eq!(
+        anti["podAffinityTerm"]["topologyKey"].as_str(),
+        Some("kubernetes.io/hostname"),
+        "the replicas spread over nodes by default"
+    );
+    let pdb = &find(&docs, "PodDisruptionBudget")?["spec"];
+    assert_eq!(pdb["maxUnavailable"].as_i64(), Some(1));
+    assert!(pdb["minAvailable"].is_null(), "{pdb:?}");
+    assert_eq!(
+        pdb["unhealthyPodEvictionPolicy"].as_str(),
+        Some("AlwaysAllow")
+    );
+    // One replica: the budget still lets a drain evict it.
+    let one = documents(&template(&[
+        "replicaCount=1",
+        "leaderElection.enabled=false",
+    ])?)?;
+    assert_eq!(
+        find(&one, "PodDisruptionBudget")?["spec"]["maxUnavailable"].as_i64(),
+        Some(1)
+    );
+    // Overridable: minAvailable wins when set; the spread can be replaced.
+    let docs = documents(&template(&[
+        "podDisruptionBudget.minAvailable=1",
+        "podDisruptionBudget.unhealthyPodEvictionPolicy=IfHealthyBudget",
+        "priorityClassName=",
+        "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key=pool",
+        "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator=Exists",
+    ])?)?;
+    let pdb = &find(&docs, "PodDisruptionBudget")?["spec"];
+    assert_eq!(pdb["minAvailable"].as_i64(), Some(1));
+    assert!(pdb["maxUnavailable"].is_null());
+    assert_eq!(
+        pdb["unhealthyPodEvictionPolicy"].as_str(),
+        Some("IfHealthyBudget")
+    );
+    let pod = &find(&docs, "Deployment")?["spec"]["template"]["spec"];
+    assert!(pod["priorityClassName"].is_null());
+    assert!(pod["affinity"]["podAntiAffinity"].is_null());
+    assert!(template(&["podDisruptionBudget.unhealthyPodEvictionPolicy=Never"]).is_err());
+    Ok(())
+}
+
+/// The `helm test` Pod: a hook, under the restricted Pod Security profile,
+/// the endpoints-guard image running `verify-endpoints` on the metrics
+/// Service with a ServiceAccount that may read only that; its args parse.
+#[test]
+fn the_helm_test_hook_is_a_restricted_pod_of_the_same_image() -> Result<()> {
+    let docs = documents(&template(&["image.tag=v9"])?)?;
+    let pod = find(&docs, "Pod")?;
+    assert_eq!(
+        pod["metadata"]["annotations"]["helm.sh/hook"].as_str(),
+        Some("test")
+    );
+    let spec = &pod["spec"];
+    assert_eq!(spec["restartPolicy"].as_str(), Some("Never"));
+    assert_eq!(
+        spec["securityContext"]["runAsNonRoot"].as_bool(),
+        Some(true)
+    );
+    assert_eq!(
+        spec["securityContext"]["seccompProfile"]["type"].as_str(),
+        Some("RuntimeDefault")
+    );
+    let test = &spec["containers"][0];
+    let deployment = find(&docs, "Deployment")?;
+    assert_eq!(
+        test["image"],
+        container(deployment, "endpoints-guard")?["image"],
+        "the test runs the controller's own image"
+    );
+    let security = &test["securityContext"];
+    assert_eq!(security["allowPrivilegeEscalation"].as_bool(), Some(false));
+    assert_eq!(strings(&security["capabilities"]["drop"]), ["ALL"]);
+    let args = strings(&test["args"]);
+    assert_eq!(args.first().map(String::as_str), Some("verify-endpoints"));
+    assert!(args.contains(&"--service=endpoints-guard-metrics".to_string()));
+    assert!(
+        args.contains(&"--any-writer".to_string()),
+        "audit mode (the default): upstream writes them"
+    );
+    let mut argv = vec!["endpoints-guard".to_string()];
+    argv.extend(args);
+    <Config as clap::Parser>::try_parse_from(&argv)?;
+    let enforce = documents(&template(&["mode=enforce"])?)?;
+    let args = strings(&find(&enforce, "Pod")?["spec"]["containers"][0]["args"]);
+    assert!(!args.contains(&"--any-writer".to_string()), "{args:?}");
+    // Its ServiceAccount, Role and RoleBinding are hooks too: none without tests.
+    let hooks: Vec<&str> = docs
+        .iter()
+        .filter(|d| d["metadata"]["annotations"]["helm.sh/hook"].as_str() == Some("test"))
+        .filter_map(|d| d["kind"].as_str())
+        .collect();
+    assert_eq!(hooks, ["ServiceAccount", "Role", "RoleBinding", "Pod"]);
+    let role = find_all(&docs, "Role")
+        .into_iter()
+        .find(|r| r["metadata"]["annotations"]["helm.sh/hook"].as_str() == Some("test"))
+        .context("the test Role")?;
+    assert_eq!(
+        strings(&role["rules"][0]["resourceNames"]),
+        ["endpoints-guard-metrics"]
+    );
+    let off = documents(&template(&["tests.enabled=false"])?)?;
+    assert!(find(&off, "Pod").is_err());
+    Ok(())
+}
+
+#[test]
+fn service_monitor_takes_scheme_tls_relabelings_and_job_label() -> Result<()> {
+    let docs = documents(&template(&[
+        "serviceMonitor.enabled=true",
+        "serviceMonitor.scheme=https",
+        "serviceMonitor.tlsConfig.serverName=eg.example",
+        "serviceMonitor.relabelings[0].targetLabel=cluster",
+        "serviceMonitor.relabelings[0].replacement=east",
+        "serviceMonitor.metricRelabelings[0].action=drop",
+        "serviceMonitor.metricRelabelings[0].regex=go_.*",
+        "serviceMonitor.metricRelabelings[0].sourceLabels[0]=__name__",
+        "serviceMonitor.jobLabel=app.kubernetes.io/name",
+    ])?)?;
+    let monitor = find(&docs, "ServiceMonitor")?;
+    assert_eq!(
+        monitor["spec"]["jobLabel"].as_str(),
+        Some("app.kubernetes.io/name")
+    );
+    let endpoint = &monitor["spec"]["endpoints"][0];
+    assert_eq!(endpoint["scheme"].as_str(), Some("https"));
+    assert_eq!(
+        endpoint["tlsConfig"]["serverName"].as_str(),
+        Some("eg.example")
+    );
+    assert_eq!(
+        endpoint["relabelings"][0]["targetLabel"].as_str(),
+        Some("cluster")
+    );
+    assert_eq!(
+        strings(&endpoint["metricRelabelings"][0]["sourceLabels"]),
+        ["__name__"]
+    );
+    assert!(template(&["serviceMonitor.enabled=true", "serviceMonitor.scheme=ftp"]).is_err());
+    Ok(())
+}
+
+fn rule_list(sets: &[&str]) -> Result<Vec<Value>> {
+    let mut all = vec!["prometheusRule.enabled=true"];
+    all.extend(sets);
+    let docs = documents(&template(&all)?)?;
+    let rule = find(&docs, "PrometheusRule")?;
+    Ok(rule["spec"]["groups"][0]["rules"]
+        .as_sequence()
+        .cloned()
+        .unwrap_or_default())
+}
+
+/// Every alert links its section of docs/runbook.md, takes the additional
+/// labels, can be turned off alone, and selects no `job`.
+#[test]
+fn alerts_have_runbooks_labels_and_one_switch_each() -> Result<()> {
+    let runbook = std::fs::read_to_string(root().join("docs/runbook.md"))?;
+    let rules = rule_list(&["prometheusRule.additionalLabels.team=net"])?;
+    let names: Vec<String> = rules
+        .iter()
+        .filter_map(|r| r["alert"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(names.len(), 7, "{names:?}");
+    for rule in &rules {
+        let name = rule["alert"].as_str().context("alert")?;
+        let url = rule["annotations"]["runbook_url"]
+            .as_str()
+            .with_context(|| format!("{name} without runbook_url"))?;
+        let anchor = url
+            .strip_prefix(
+                "https://github.com/endpoints-guard/endpoints-guard/blob/main/docs/runbook.md#",
+            )
+            .with_context(|| format!("{name}: {url}"))?;
+        assert_eq!(anchor, name.to_lowercase());
+        assert!(
+            runbook.lines().any(|l| l == format!("## {name}")),
+            "docs/runbook.md has no section {name}"
+        );
+        assert_eq!(rule["labels"]["team"].as_str(), Some("net"), "{name}");
+        let expr = rule["expr"].as_str().context("expr")?;
+        assert!(!expr.contains("job="), "{name} depends on job: {expr}");
+    }
+    for name in &names {
+        let rest = rule_list(&[&format!("prometheusRule.disabled.{name}=true")])?;
+        let left: Vec<&str> = rest.iter().filter_map(|r| r["alert"].as_str()).collect();
+        assert_eq!(left.len(), names.len() - 1, "{name} off: {left:?}");
+        assert!(!left.contains(&name.as_str()));
+    }
+    assert!(
+        template(&[
+            "prometheusRule.enabled=true",
+            "prometheusRule.disabled.NoSuchAlert=true"
+        ])
+        .is_err(),
+        "a misspelt alert name is accepted"
+    );
+    Ok(())
+}
+
+/// Durations in the values take Go's syntax, as the binary's flags do.
+#[test]
+fn durations_in_values_are_go_durations() -> Result<()> {
+    let docs = documents(&template(&[
+        "resyncInterval=1m30s",
+        "startupTimeout=500ms",
+        "ghostScanPeriod=1h",
+        "leaderElection.leaseDuration=1m",
+        "leaderElection.renewGrace=10s",
+        "prometheusRule.enabled=true",
+        "prometheusRule.notReadyFor=2m30s",
+        "serviceMonitor.enabled=true",
+        "serviceMonitor.interval=1m30s",
+    ])?)?;
+    let args = strings(&container(find(&docs, "Deployment")?, "endpoints-guard")?["args"]);
+    let mut argv = vec!["endpoints-guard".to_string()];
+    argv.extend(args);
+    let cfg = <Config as clap::Parser>::try_parse_from(&argv)?;
+    assert_eq!(cfg.resync_interval, Duration::from_secs(90));
+    assert_eq!(cfg.startup_timeout, Duration::from_millis(500));
+    assert_eq!(cfg.leader_election_lease_duration, Duration::from_secs(60));
+    cfg.validate().map_err(anyhow::Error::msg)?;
+    for bad in [
+        "resyncInterval=5 minutes",
+        "resyncInterval=1d",
+        "startupTimeout=-1s",
+    ] {
+        assert!(template(&[bad]).is_err(), "{bad} accepted");
+    }
+    // resyncInterval 0 (any unit) turns the resync off, and its alert.
+    for off in ["resyncInterval=0s", "resyncInterval=0m"] {
+        let rules = rule_list(&[off])?;
+        assert!(
+            !rules
+                .iter()
+                .any(|r| r["alert"] == "EndpointsGuardResyncStale"),
+            "{off}"
+        );
+    }
+    Ok(())
+}
