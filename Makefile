@@ -11,6 +11,8 @@
 #                      KIND=endpoints|endpointslices|both, REPEAT=N) → target/bench/
 #   make image-smoke   the runtime image under Docker, as the chart runs it, on the local control plane
 #   make chart-package helm lint --strict and helm package → target/chart/
+#   make conformance   upstream's e2e specs for the endpoint controllers, kube-controller-manager's
+#                      and endpoints-guard's, on local clusters of KWOK nodes → target/conformance/
 #
 # The control plane programs are built from Go modules (tests/controlplane/); set
 # KUBEBUILDER_ASSETS or EG_KUBE_APISERVER / EG_KUBE_CONTROLLER_MANAGER / EG_ETCD / EG_HELM /
@@ -137,3 +139,19 @@ lint-shell:
 	@command -v shellcheck >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq shellcheck; } \
 	  || { echo "make: shellcheck is missing: install it (Debian/Ubuntu: apt-get install shellcheck)"; exit 1; }
 	shellcheck hack/*.sh
+
+# --- conformance: upstream's e2e specs (docs/conformance.md) -----------------------
+# e2e-network.test (upstream's network e2e specs) and KWOK built from Go modules
+# (tests/conformance/), reused while newer than their module files.
+.PHONY: conformance conformance-build
+conformance-build: controlplane
+	bash tests/conformance/build.sh
+
+# Every fake-node spec for the Endpoints, EndpointSlice and mirroring controllers,
+# against kube-controller-manager's endpoint controllers and against endpoints-guard
+# (release binary, enforce mode), each on a fresh cluster (local control plane,
+# kube-scheduler, KWOK nodes); target/conformance/report.{json,md}, JUnit per column.
+# Fails when endpoints-guard fails a spec kube-controller-manager passes.
+conformance: conformance-build
+	$(CARGO) build --release -p endpoints-guard --bin endpoints-guard
+	$(CARGO) run -p eg-testsupport --bin eg-conformance

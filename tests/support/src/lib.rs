@@ -26,6 +26,7 @@ pub mod bench;
 pub mod binaries;
 pub mod certs;
 pub mod chaos;
+pub mod conformance;
 mod etcd;
 mod etcd_admin;
 mod kubeconfig;

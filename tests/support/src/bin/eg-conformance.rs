@@ -1,0 +1,465 @@
+//! `make conformance` (and the fake-node part of `make test`): upstream's
+//! network e2e specs for the Endpoints, EndpointSlice and mirroring
+//! controllers, once against kube-controller-manager's own endpoint
+//! controllers and once against endpoints-guard (the release binary, enforce
+//! mode, both controllers), each on a fresh cluster of the same kind:
+//!
+//! - etcd and kube-apiserver from `make controlplane`, with kube-apiserver's
+//!   lease endpoint reconciler and an advertise address that is not loopback
+//!   (the host's own address, or one on a dummy interface made for the run
+//!   and removed after it; kube-apiserver still listens on 127.0.0.1 only,
+//!   and nothing is sent anywhere);
+//! - kube-controller-manager with every controller, or every controller but
+//!   `endpoints-controller` and `endpointslice-controller`;
+//! - kube-scheduler; KWOK (`target/conformance/bin/kwok`) playing two nodes,
+//!   each pod getting an IP of its node's podCIDR.
+//!
+//! Writes `target/conformance/report.json`, `report.md`, and per column the
+//! JUnit file, ginkgo's JSON report and every program's log. Exits non-zero
+//! when endpoints-guard does not pass a spec that kube-controller-manager
+//! passes, or when a spec is run by neither column.
+//!
+//! Usage: `eg-conformance [--only upstream|endpoints-guard] [--out DIR]`.
+//! `EG_BINARY` names the endpoints-guard binary (default
+//! `target/release/endpoints-guard`).
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use eg_testsupport::binaries::{self, workspace_root};
+use eg_testsupport::conformance::{
+    FAKE_NODE_SPECS, Outcome, SpecResult, focus, read_ginkgo_report, report_json, report_markdown,
+    rows, verdict,
+};
+use eg_testsupport::loopback;
+use eg_testsupport::process::{Process, free_port};
+use eg_testsupport::{ControlPlane, ControlPlaneOptions};
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use kube::api::PostParams;
+use serde_json::json;
+
+/// The two columns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Column {
+    Upstream,
+    Guard,
+}
+
+impl Column {
+    fn dir_name(self) -> &'static str {
+        match self {
+            Column::Upstream => "upstream",
+            Column::Guard => "endpoints-guard",
+        }
+    }
+
+    /// kube-controller-manager's `--controllers`.
+    fn kcm_controllers(self) -> &'static str {
+        match self {
+            Column::Upstream => "*",
+            Column::Guard => "*,-endpoints-controller,-endpointslice-controller",
+        }
+    }
+}
+
+const NODES: usize = 2;
+const KWOK_NODE_ANNOTATION: &str = "kwok.x-k8s.io/node";
+
+/// A dummy interface holding the advertise address, removed on drop.
+struct DummyInterface;
+
+impl DummyInterface {
+    const NAME: &'static str = "egconf0";
+    const ADDRESS: Ipv4Addr = Ipv4Addr::new(10, 254, 254, 1);
+
+    fn create() -> Result<Self> {
+        let ip = |args: &[&str]| -> Result<()> {
+            let status = Command::new("ip")
+                .args(args)
+                .status()
+                .with_context(|| format!("running ip {}", args.join(" ")))?;
+            if !status.success() {
+                bail!("ip {} failed ({status})", args.join(" "));
+            }
+            Ok(())
+        };
+        ip(&["link", "add", Self::NAME, "type", "dummy"])?;
+        let iface = Self;
+        let address = format!("{}/32", Self::ADDRESS);
+        ip(&["addr", "add", &address, "dev", Self::NAME])?;
+        ip(&["link", "set", Self::NAME, "up"])?;
+        Ok(iface)
+    }
+}
+
+impl Drop for DummyInterface {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["link", "del", Self::NAME])
+            .status();
+    }
+}
+
+/// The host's own address on its default route, found without sending
+/// anything (a UDP socket's connect only picks a route); else an address on a
+/// dummy interface made for the run.
+fn advertise_address() -> Result<(IpAddr, Option<DummyInterface>)> {
+    let routed = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))
+        .and_then(|s| {
+            s.connect((Ipv4Addr::new(192, 0, 2, 1), 9))?;
+            s.local_addr()
+        })
+        .map(|a| a.ip());
+    match routed {
+        Ok(ip) if !ip.is_loopback() && !ip.is_unspecified() => Ok((ip, None)),
+        _ => {
+            let iface = DummyInterface::create()
+                .context("no routable host address, and no dummy interface could be made")?;
+            Ok((IpAddr::V4(DummyInterface::ADDRESS), Some(iface)))
+        }
+    }
+}
+
+struct Paths {
+    out: PathBuf,
+    e2e: PathBuf,
+    kwok: PathBuf,
+    kwok_stages: PathBuf,
+    guard: PathBuf,
+    scheduler: PathBuf,
+}
+
+impl Paths {
+    fn locate(out: PathBuf, need_guard: bool) -> Result<Self> {
+        let root = workspace_root()?;
+        let bin = root.join("target/conformance/bin");
+        let need = |path: PathBuf, how: &str| -> Result<PathBuf> {
+            if !path.is_file() {
+                bail!("{} is missing: {how}", path.display());
+            }
+            Ok(path)
+        };
+        let build = "build it with `bash tests/conformance/build.sh` (make conformance does)";
+        let guard = std::env::var_os("EG_BINARY")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| root.join("target/release/endpoints-guard"));
+        Ok(Self {
+            out,
+            e2e: need(bin.join("e2e-network.test"), build)?,
+            kwok: need(bin.join("kwok"), build)?,
+            kwok_stages: need(root.join("target/conformance/kwok-stages.yaml"), build)?,
+            guard: if need_guard {
+                need(guard, "cargo build --release -p endpoints-guard")?
+            } else {
+                guard
+            },
+            scheduler: binaries::program("kube-scheduler")?,
+        })
+    }
+}
+
+/// A cluster for one column, up and with Ready nodes.
+struct Cluster {
+    cp: ControlPlane,
+    _programs: Vec<Process>,
+}
+
+async fn wait_nodes_ready(nodes: &Api<Node>, programs: &mut [Process], logs: &Path) -> Result<()> {
+    let start = Instant::now();
+    loop {
+        for p in programs.iter_mut() {
+            p.ensure_running()?;
+        }
+        let list = nodes.list(&Default::default()).await?;
+        let ready = list
+            .items
+            .iter()
+            .filter(|n| {
+                n.status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+            })
+            .count();
+        if ready == NODES {
+            return Ok(());
+        }
+        if start.elapsed() > Duration::from_secs(120) {
+            bail!(
+                "{ready} of {NODES} KWOK nodes Ready after 2 minutes (logs in {})",
+                logs.display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+async fn start_guard(paths: &Paths, kubeconfig: String, logs: &Path) -> Result<Process> {
+    let port = free_port()?;
+    let mut guard = Process::spawn(
+        "endpoints-guard",
+        &paths.guard,
+        &[
+            kubeconfig,
+            format!("--metrics-addr=127.0.0.1:{port}"),
+            "--mode=enforce".into(),
+            "--controllers=endpoints,endpointslices".into(),
+        ],
+        &logs.join("endpoints-guard.log"),
+    )?;
+    let start = Instant::now();
+    loop {
+        guard.ensure_running()?;
+        if let Ok((200, _)) = loopback::request(port, "GET", "/readyz", "text/plain", "").await {
+            return Ok(guard);
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            bail!(
+                "endpoints-guard not ready after 60 s: {}",
+                guard.log_tail(20)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+async fn start_cluster(column: Column, paths: &Paths, advertise: IpAddr) -> Result<Cluster> {
+    let options = ControlPlaneOptions::default()
+        .apiserver_arg(format!("--advertise-address={advertise}"))
+        .apiserver_arg("--endpoint-reconciler-type=lease");
+    let cp = ControlPlane::start(options).await?;
+    let logs = cp.log_dir().to_path_buf();
+    let kubeconfig = format!("--kubeconfig={}", cp.kubeconfig_path().display());
+    let pki = cp.pki();
+    let mut programs = vec![cp.start_controller_manager(
+        column.kcm_controllers(),
+        &[
+            &format!("--root-ca-file={}", pki.ca_cert.display()),
+            &format!(
+                "--service-account-private-key-file={}",
+                pki.sa_private_key.display()
+            ),
+        ],
+    )?];
+    programs.push(Process::spawn(
+        "kube-scheduler",
+        &paths.scheduler,
+        &[
+            kubeconfig.clone(),
+            "--leader-elect=false".into(),
+            "--bind-address=127.0.0.1".into(),
+            format!("--secure-port={}", free_port()?),
+            "--v=1".into(),
+        ],
+        &logs.join("kube-scheduler.log"),
+    )?);
+    programs.push(Process::spawn(
+        "kwok",
+        &paths.kwok,
+        &[
+            kubeconfig.clone(),
+            format!("--config={}", paths.kwok_stages.display()),
+            format!("--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake"),
+            "--node-lease-duration-seconds=40".into(),
+            "--cidr=10.244.0.0/16".into(),
+        ],
+        &logs.join("kwok.log"),
+    )?);
+    let nodes: Api<Node> = Api::all(cp.client());
+    for i in 0..NODES {
+        let name = format!("kwok-node-{i}");
+        let cidr = format!("10.244.{i}.0/24");
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {
+                "name": name,
+                "annotations": {KWOK_NODE_ANNOTATION: "fake"},
+                "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                           "kubernetes.io/arch": "amd64", "type": "kwok"},
+            },
+            "spec": {"podCIDR": cidr, "podCIDRs": [cidr]},
+        }))?;
+        nodes.create(&PostParams::default(), &node).await?;
+    }
+    wait_nodes_ready(&nodes, &mut programs, &logs).await?;
+    if column == Column::Guard {
+        programs.push(start_guard(paths, kubeconfig, &logs).await?);
+    }
+    Ok(Cluster {
+        cp,
+        _programs: programs,
+    })
+}
+
+/// Runs the suite against one fresh cluster; the results by spec name.
+async fn run_column(
+    column: Column,
+    paths: &Paths,
+    advertise: IpAddr,
+) -> Result<BTreeMap<String, SpecResult>> {
+    let dir = paths.out.join(column.dir_name());
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).with_context(|| format!("clearing {}", dir.display()))?;
+    }
+    std::fs::create_dir_all(&dir)?;
+    let started = Instant::now();
+    let cluster = start_cluster(column, paths, advertise).await?;
+    eprintln!(
+        "conformance: {}: cluster up in {:.1} s",
+        column.dir_name(),
+        started.elapsed().as_secs_f64()
+    );
+    let json_report = dir.join("ginkgo.json");
+    let mut args = vec![
+        format!("--kubeconfig={}", cluster.cp.kubeconfig_path().display()),
+        "--provider=skeleton".into(),
+        "--allowed-not-ready-nodes=-1".into(),
+        "--minStartupPods=-1".into(),
+        format!("--report-dir={}", dir.display()),
+        format!("--ginkgo.json-report={}", json_report.display()),
+        "--ginkgo.no-color".into(),
+        "--ginkgo.timeout=40m".into(),
+        "--disable-log-dump".into(),
+    ];
+    args.extend(
+        FAKE_NODE_SPECS
+            .iter()
+            .map(|s| format!("--ginkgo.focus={}", focus(s))),
+    );
+    let suite_start = Instant::now();
+    let mut e2e = Process::spawn("e2e", &paths.e2e, &args, &dir.join("e2e.log"))?;
+    while e2e.ensure_running().is_ok() {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    eprintln!(
+        "conformance: {}: suite ran in {:.1} s",
+        column.dir_name(),
+        suite_start.elapsed().as_secs_f64()
+    );
+    let copied = copy_logs(cluster.cp.log_dir(), &dir.join("logs"));
+    drop(cluster);
+    copied?;
+    let text = std::fs::read_to_string(&json_report).with_context(|| {
+        format!(
+            "reading {} (the suite's log: {})",
+            json_report.display(),
+            dir.join("e2e.log").display()
+        )
+    })?;
+    read_ginkgo_report(&text, &FAKE_NODE_SPECS)
+}
+
+fn copy_logs(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        if entry.file_type()?.is_file() {
+            std::fs::copy(entry.path(), to.join(entry.file_name()))?;
+        }
+    }
+    Ok(())
+}
+
+fn command_output(program: &str, args: &[&str], dir: &Path) -> String {
+    Command::new(program)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let mut only = None;
+    let mut out = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--only" => {
+                only = Some(match args.next().as_deref() {
+                    Some("upstream") => Column::Upstream,
+                    Some("endpoints-guard") => Column::Guard,
+                    other => bail!("--only upstream|endpoints-guard, not {other:?}"),
+                })
+            }
+            "--out" => out = args.next().map(PathBuf::from),
+            other => bail!(
+                "unknown argument {other:?} (usage: eg-conformance [--only upstream|endpoints-guard] [--out DIR])"
+            ),
+        }
+    }
+    let root = workspace_root()?;
+    let out = out.unwrap_or_else(|| root.join("target/conformance"));
+    std::fs::create_dir_all(&out)?;
+    let columns: Vec<Column> = match only {
+        Some(c) => vec![c],
+        None => vec![Column::Upstream, Column::Guard],
+    };
+    let paths = Paths::locate(out.clone(), columns.contains(&Column::Guard))?;
+    let (advertise, dummy) = advertise_address()?;
+    eprintln!(
+        "conformance: kube-apiserver advertises {advertise}{}",
+        if dummy.is_some() {
+            " (dummy interface)"
+        } else {
+            ""
+        }
+    );
+    let started = Instant::now();
+    let mut results = BTreeMap::new();
+    for column in &columns {
+        results.insert(
+            column.dir_name(),
+            run_column(*column, &paths, advertise).await?,
+        );
+    }
+    drop(dummy);
+    let upstream = results.get(Column::Upstream.dir_name());
+    let guard = results.get(Column::Guard.dir_name());
+    let rows = rows(&FAKE_NODE_SPECS, upstream, guard);
+    let commit = command_output("git", &["rev-parse", "--short", "HEAD"], &root);
+    let date = command_output("date", &["-u", "+%Y-%m-%d %H:%M UTC"], &root);
+    let seconds = started.elapsed().as_secs_f64();
+    let report = report_json(
+        &rows,
+        json!({"commit": commit, "date": date, "seconds": seconds.round(),
+               "kubernetes": "v1.36.3", "nodes": "KWOK", "advertise_address": advertise.to_string()}),
+    );
+    std::fs::write(
+        out.join("report.json"),
+        serde_json::to_string_pretty(&report)?,
+    )?;
+    let md = report_markdown(
+        &rows,
+        &format!("# Conformance (fake nodes): commit {commit}, {date}, {seconds:.0} s"),
+    );
+    std::fs::write(out.join("report.md"), &md)?;
+    println!("{md}");
+    let problems = verdict(&rows, upstream.is_some(), guard.is_some());
+    if !problems.is_empty() {
+        eprintln!(
+            "conformance: {} problem(s):\n{}",
+            problems.len(),
+            problems.join("\n")
+        );
+        std::process::exit(1);
+    }
+    let passed = rows
+        .iter()
+        .filter(|r| r.guard_outcome() == Outcome::Pass)
+        .count();
+    println!("report: {}", out.join("report.md").display());
+    // endpoints-guard's column, in the closing form CI reads.
+    println!(
+        "conformance: {passed} passed, {} failed",
+        rows.len() - passed
+    );
+    Ok(())
+}

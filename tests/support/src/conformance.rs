@@ -1,0 +1,510 @@
+//! `make conformance`: upstream's own e2e specs for the Endpoints,
+//! EndpointSlice and EndpointSlice-mirroring controllers, run against
+//! endpoints-guard and against kube-controller-manager's endpoint controllers
+//! on the same kind of cluster (the local control plane, kube-scheduler, KWOK
+//! fake nodes). This module holds what needs no cluster: which specs run and
+//! why, reading ginkgo's JSON report, and the report (`report.json`,
+//! `report.md`). The binary `eg-conformance` starts the clusters and runs the
+//! suite; `docs/conformance.md` has the results.
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+/// A spec of upstream's network suite and why it is (or is not) run here.
+#[derive(Debug, Clone, Copy)]
+pub struct Spec {
+    /// The ginkgo name, as `e2e.test` reports it.
+    pub name: &'static str,
+    /// Which controller it exercises and how.
+    pub why: &'static str,
+}
+
+/// Every spec of `k8s.io/kubernetes/test/e2e/network` (v1.36.3) that
+/// exercises the Endpoints, EndpointSlice or EndpointSlice-mirroring
+/// controllers and runs on fake nodes: it needs no exec into a container, no
+/// container logs, no DNS and no traffic to a pod.
+pub const FAKE_NODE_SPECS: [Spec; 9] = [
+    Spec {
+        name: "[sig-network] API Server should have Endpoints and EndpointSlices pointing to API Server [Conformance]",
+        why: "the kubernetes Service's slice comes from kube-apiserver's lease reconciler; the controllers must leave it alone",
+    },
+    Spec {
+        name: "[sig-network] Endpoints should test the lifecycle of an Endpoint [Conformance]",
+        why: "user-made Endpoints of a selector-less Service are created, patched, deleted by collection; the Endpoints controller must not touch them",
+    },
+    Spec {
+        name: "[sig-network] EndpointsController should create and delete Endpoints for a Service with a selector that matches no pods [Conformance]",
+        why: "Endpoints controller: empty Endpoints for a selector matching nothing, deleted with the Service",
+    },
+    Spec {
+        name: "[sig-network] EndpointsController should create Endpoints for Pods matching a Service [Conformance]",
+        why: "Endpoints controller: pods added, relabelled and deleted change the addresses",
+    },
+    Spec {
+        name: "[sig-network] EndpointSlice should create and delete EndpointSlices for a Service with a selector that matches no pods [Conformance]",
+        why: "EndpointSlice controller: the placeholder slice, its labels (managed-by included), deleted with the Service",
+    },
+    Spec {
+        name: "[sig-network] EndpointSlice should create Endpoints and EndpointSlices for Pods matching a Service [Conformance]",
+        why: "both controllers: endpoints of matching pods, hostnames, node names, ports",
+    },
+    Spec {
+        name: "[sig-network] EndpointSlice should support creating EndpointSlice API operations [Conformance]",
+        why: "user-made slices (another managed-by value) are created, updated, deleted by collection; the EndpointSlice controller must not touch them",
+    },
+    Spec {
+        name: "[sig-network] EndpointSliceMirroring should mirror a custom Endpoints resource through create update and delete [Conformance]",
+        why: "mirroring controller beside ours: user Endpoints of a selector-less Service become slices",
+    },
+    Spec {
+        name: "[sig-network] Service endpoints latency should not be very high [Conformance]",
+        why: "EndpointSlice controller: 200 Services over one Deployment's pod, the time until each has a slice with an endpoint",
+    },
+];
+
+/// Specs of the same suite that exercise these controllers but need a real
+/// node, and why: listed in `docs/conformance.md`, not run here.
+pub const REAL_NODE_SPECS: [Spec; 11] = [
+    Spec {
+        name: "[sig-network] Services should serve a basic endpoint from pods [Conformance]",
+        why: "checks the Service by connecting from an exec pod (kube-proxy, a container runtime)",
+    },
+    Spec {
+        name: "[sig-network] Services should serve multiport endpoints from pods [Conformance]",
+        why: "connects from an exec pod to each port",
+    },
+    Spec {
+        name: "[sig-network] EndpointSlice should support a Service with multiple ports specified in multiple EndpointSlices [Conformance]",
+        why: "connects from an exec pod through the Service",
+    },
+    Spec {
+        name: "[sig-network] EndpointSlice should support a Service with multiple endpoint IPs specified in multiple EndpointSlices [Conformance]",
+        why: "connects from an exec pod through the Service",
+    },
+    Spec {
+        name: "[sig-network] Services should create endpoints for unready pods",
+        why: "readiness comes from an exec probe run by a kubelet; KWOK marks every pod ready",
+    },
+    Spec {
+        name: "[sig-network] Services should be able to connect to terminating and unready endpoints if PublishNotReadyAddresses is true",
+        why: "exec probes and traffic to terminating pods",
+    },
+    Spec {
+        name: "[sig-network] Services should not be able to connect to terminating and unready endpoints if PublishNotReadyAddresses is false",
+        why: "exec probes and traffic to terminating pods",
+    },
+    Spec {
+        name: "[sig-network] Services should serve endpoints on same port and different protocols [Conformance]",
+        why: "TCP and UDP traffic from an exec pod",
+    },
+    Spec {
+        name: "[sig-network] Services should support named targetPorts that resolve to different ports on different endpoints",
+        why: "traffic from an exec pod to each endpoint",
+    },
+    Spec {
+        name: "[sig-network] EndpointSliceMirroring should mirror a custom Endpoint with multiple subsets and same IP address",
+        why: "checks the mirrored slices by connecting through the Service from an exec pod (kubectl exec ... curl)",
+    },
+    Spec {
+        name: "[sig-network] Services should implement service.kubernetes.io/headless",
+        why: "checks reachability from a host-exec pod (kube-proxy)",
+    },
+];
+
+/// One column's verdict on a spec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    Pass,
+    Fail,
+    Skip,
+}
+
+impl Outcome {
+    fn from_ginkgo(state: &str) -> Self {
+        match state {
+            "passed" => Outcome::Pass,
+            "skipped" | "pending" => Outcome::Skip,
+            // failed, panicked, interrupted, aborted, timedout
+            _ => Outcome::Fail,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Pass => "pass",
+            Outcome::Fail => "fail",
+            Outcome::Skip => "skip",
+        }
+    }
+}
+
+/// What one run of the suite said about one spec.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpecResult {
+    pub outcome: Outcome,
+    pub seconds: f64,
+    /// The failure message, first line, when it failed.
+    pub failure: Option<String>,
+}
+
+/// A spec name without its bracketed tags (`[sig-network]`, `[Conformance]`,
+/// ...), spaces collapsed: how the names the suite reports are matched to
+/// ours, whichever way a ginkgo version places the tags.
+pub fn bare_name(name: &str) -> String {
+    let mut out = String::new();
+    let mut depth = 0usize;
+    for c in name.chars() {
+        match c {
+            '[' => depth += 1,
+            ']' if depth > 0 => depth -= 1,
+            _ if depth == 0 => out.push(c),
+            _ => {}
+        }
+    }
+    out.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// The `--ginkgo.focus` regular expression that selects exactly `spec`: its
+/// bare name, regex metacharacters escaped.
+pub fn focus(spec: &Spec) -> String {
+    let mut out = String::new();
+    for c in bare_name(spec.name).chars() {
+        if "\\.+*?()|[]{}^$".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Reads ginkgo's JSON report (`--ginkgo.json-report`): the result of every
+/// spec of `specs` found in it, by our name. Specs the run left out are
+/// absent.
+pub fn read_ginkgo_report(text: &str, specs: &[Spec]) -> Result<BTreeMap<String, SpecResult>> {
+    let suites: Vec<Value> =
+        serde_json::from_str(text).context("the ginkgo JSON report is not a list of suites")?;
+    let wanted: BTreeMap<String, &Spec> = specs.iter().map(|s| (bare_name(s.name), s)).collect();
+    let mut found = BTreeMap::new();
+    for suite in &suites {
+        let Some(reports) = suite.get("SpecReports").and_then(Value::as_array) else {
+            bail!("a suite of the ginkgo report has no SpecReports");
+        };
+        for report in reports {
+            if report.get("LeafNodeType").and_then(Value::as_str) != Some("It") {
+                continue;
+            }
+            let containers = report
+                .get("ContainerHierarchyTexts")
+                .and_then(Value::as_array)
+                .map(|texts| {
+                    texts
+                        .iter()
+                        .filter_map(Value::as_str)
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                })
+                .unwrap_or_default();
+            let leaf = report
+                .get("LeafNodeText")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            let Some(spec) = wanted.get(&bare_name(&format!("{containers} {leaf}"))) else {
+                continue;
+            };
+            let state = report
+                .get("State")
+                .and_then(Value::as_str)
+                .context("a spec report without State")?;
+            let outcome = Outcome::from_ginkgo(state);
+            // RunTime is in nanoseconds.
+            let seconds = report.get("RunTime").and_then(Value::as_f64).unwrap_or(0.0) / 1e9;
+            let failure = (outcome == Outcome::Fail).then(|| {
+                report
+                    .pointer("/Failure/Message")
+                    .and_then(Value::as_str)
+                    .unwrap_or(state)
+                    .lines()
+                    .next()
+                    .unwrap_or(state)
+                    .to_string()
+            });
+            found.insert(
+                spec.name.to_string(),
+                SpecResult {
+                    outcome,
+                    seconds,
+                    failure,
+                },
+            );
+        }
+    }
+    Ok(found)
+}
+
+/// One row of the report.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    pub spec: String,
+    pub upstream: Option<SpecResult>,
+    pub endpoints_guard: Option<SpecResult>,
+}
+
+impl Row {
+    fn outcome(result: &Option<SpecResult>) -> Outcome {
+        result.as_ref().map_or(Outcome::Skip, |r| r.outcome)
+    }
+
+    pub fn upstream_outcome(&self) -> Outcome {
+        Self::outcome(&self.upstream)
+    }
+
+    pub fn guard_outcome(&self) -> Outcome {
+        Self::outcome(&self.endpoints_guard)
+    }
+
+    /// The longer of the two runs, seconds.
+    pub fn seconds(&self) -> f64 {
+        [&self.upstream, &self.endpoints_guard]
+            .into_iter()
+            .flatten()
+            .map(|r| r.seconds)
+            .fold(0.0, f64::max)
+    }
+}
+
+/// The rows, one per spec of `specs`, in that order. A column that was not
+/// run is `None` in every row.
+pub fn rows(
+    specs: &[Spec],
+    upstream: Option<&BTreeMap<String, SpecResult>>,
+    guard: Option<&BTreeMap<String, SpecResult>>,
+) -> Vec<Row> {
+    specs
+        .iter()
+        .map(|spec| Row {
+            spec: spec.name.to_string(),
+            upstream: upstream.and_then(|m| m.get(spec.name).cloned()),
+            endpoints_guard: guard.and_then(|m| m.get(spec.name).cloned()),
+        })
+        .collect()
+}
+
+/// Why the run fails, one line each: a spec endpoints-guard does not pass
+/// where kube-controller-manager does (or, without the upstream column, at
+/// all; nothing about endpoints-guard without its column), and a spec neither column ran (a name that no longer matches the
+/// suite would otherwise pass unnoticed).
+pub fn verdict(rows: &[Row], upstream_ran: bool, guard_ran: bool) -> Vec<String> {
+    let mut problems = Vec::new();
+    for row in rows {
+        let (up, ours) = (row.upstream_outcome(), row.guard_outcome());
+        if guard_ran && ours != Outcome::Pass && (up == Outcome::Pass || !upstream_ran) {
+            let why = row
+                .endpoints_guard
+                .as_ref()
+                .and_then(|r| r.failure.clone())
+                .unwrap_or_else(|| "not run".into());
+            problems.push(format!(
+                "endpoints-guard: {} ({}; kube-controller-manager: {}): {why}",
+                row.spec,
+                ours.as_str(),
+                up.as_str()
+            ));
+        }
+        if ours == Outcome::Skip && up == Outcome::Skip {
+            problems.push(format!("{}: run by neither column", row.spec));
+        }
+    }
+    problems
+}
+
+/// `report.json`: `specs` (one object per spec: `spec`, `upstream`,
+/// `endpoints_guard`, `seconds`) and the run's context.
+pub fn report_json(rows: &[Row], context: Value) -> Value {
+    let specs: Vec<Value> = rows
+        .iter()
+        .map(|row| {
+            json!({
+                "spec": row.spec,
+                "upstream": row.upstream_outcome().as_str(),
+                "endpoints_guard": row.guard_outcome().as_str(),
+                "seconds": (row.seconds() * 10.0).round() / 10.0,
+            })
+        })
+        .collect();
+    json!({"specs": specs, "context": context})
+}
+
+/// `report.md`: the table, then the failure messages.
+pub fn report_markdown(rows: &[Row], header: &str) -> String {
+    let mut out = format!("{header}\n\n");
+    out.push_str("| spec | kube-controller-manager | endpoints-guard | seconds |\n");
+    out.push_str("| --- | --- | --- | ---: |\n");
+    for row in rows {
+        out.push_str(&format!(
+            "| `{}` | {} | {} | {:.1} |\n",
+            row.spec,
+            row.upstream_outcome().as_str(),
+            row.guard_outcome().as_str(),
+            row.seconds()
+        ));
+    }
+    let failures: Vec<String> = rows
+        .iter()
+        .flat_map(|row| {
+            [
+                ("kube-controller-manager", &row.upstream),
+                ("endpoints-guard", &row.endpoints_guard),
+            ]
+            .into_iter()
+            .filter_map(move |(who, r)| {
+                r.as_ref()
+                    .and_then(|r| r.failure.as_ref())
+                    .map(|f| format!("- {who}, `{}`: {f}", row.spec))
+            })
+        })
+        .collect();
+    if !failures.is_empty() {
+        out.push_str("\nFailures:\n\n");
+        out.push_str(&failures.join("\n"));
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(entries: &[(&[&str], &str, &str, f64)]) -> String {
+        let specs: Vec<Value> = entries
+            .iter()
+            .map(|(containers, leaf, state, seconds)| {
+                json!({"ContainerHierarchyTexts": containers, "LeafNodeText": leaf,
+                       "LeafNodeType": "It", "State": state, "RunTime": seconds * 1e9,
+                       "Failure": {"Message": format!("{leaf} went wrong\nstack")}})
+            })
+            .collect();
+        json!([{"SuitePath": "/x", "SpecReports": specs}]).to_string()
+    }
+
+    #[test]
+    fn bare_names_and_focus() {
+        assert_eq!(
+            bare_name("[sig-network] EndpointSlice should x [Conformance]"),
+            "EndpointSlice should x"
+        );
+        assert_eq!(bare_name("a  [Feature:X]  b"), "a b");
+        let spec = Spec {
+            name: "[sig-network] Services should serve (x) on a.b [Conformance]",
+            why: "",
+        };
+        assert_eq!(focus(&spec), r"Services should serve \(x\) on a\.b");
+        // Every listed name is unique once bare.
+        let mut names: Vec<String> = FAKE_NODE_SPECS
+            .iter()
+            .chain(&REAL_NODE_SPECS)
+            .map(|s| bare_name(s.name))
+            .collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), FAKE_NODE_SPECS.len() + REAL_NODE_SPECS.len());
+    }
+
+    #[test]
+    fn ginkgo_reports_are_read_by_name_whatever_the_tags() {
+        let specs = &FAKE_NODE_SPECS[..3];
+        let text = report(&[
+            // Tags in the container text and the leaf, as the suite writes them.
+            (
+                &["[sig-network] API Server"],
+                "should have Endpoints and EndpointSlices pointing to API Server [Conformance]",
+                "passed",
+                1.5,
+            ),
+            (
+                &["[sig-network]", "Endpoints"],
+                "should test the lifecycle of an Endpoint",
+                "failed",
+                2.0,
+            ),
+            (&["[sig-network] Other"], "something else", "passed", 1.0),
+        ]);
+        let found = read_ginkgo_report(&text, specs).expect("reads");
+        assert_eq!(found.len(), 2);
+        let api = &found[specs[0].name];
+        assert_eq!(
+            (api.outcome, api.seconds, api.failure.clone()),
+            (Outcome::Pass, 1.5, None)
+        );
+        let lifecycle = &found[specs[1].name];
+        assert_eq!(lifecycle.outcome, Outcome::Fail);
+        assert_eq!(
+            lifecycle.failure.as_deref(),
+            Some("should test the lifecycle of an Endpoint went wrong")
+        );
+        assert!(!found.contains_key(specs[2].name), "not in the report");
+        assert!(read_ginkgo_report("{}", specs).is_err());
+        assert!(read_ginkgo_report(r#"[{"SuitePath": "/x"}]"#, specs).is_err());
+    }
+
+    fn result(outcome: Outcome) -> SpecResult {
+        SpecResult {
+            outcome,
+            seconds: 3.0,
+            failure: (outcome == Outcome::Fail).then(|| "boom".to_string()),
+        }
+    }
+
+    #[test]
+    fn the_verdict_fails_on_what_only_endpoints_guard_fails() {
+        use Outcome::*;
+        let row = |up: Option<Outcome>, ours: Option<Outcome>| Row {
+            spec: "s".into(),
+            upstream: up.map(result),
+            endpoints_guard: ours.map(result),
+        };
+        // Both pass, both fail: nothing to say about endpoints-guard.
+        assert!(verdict(&[row(Some(Pass), Some(Pass))], true, true).is_empty());
+        assert!(verdict(&[row(Some(Fail), Some(Fail))], true, true).is_empty());
+        // Only endpoints-guard fails, or skips: fails.
+        assert_eq!(verdict(&[row(Some(Pass), Some(Fail))], true, true).len(), 1);
+        assert_eq!(verdict(&[row(Some(Pass), Some(Skip))], true, true).len(), 1);
+        assert_eq!(verdict(&[row(Some(Pass), None)], true, true).len(), 1);
+        // Without the upstream column, endpoints-guard must pass everything.
+        assert_eq!(verdict(&[row(None, Some(Fail))], false, true).len(), 1);
+        assert!(verdict(&[row(None, Some(Pass))], false, true).is_empty());
+        // Without endpoints-guard's column, only the upstream run counts.
+        assert!(verdict(&[row(Some(Pass), None)], true, false).is_empty());
+        // Run by neither: the name matches nothing any more.
+        let problems = verdict(&[row(None, None)], true, true);
+        assert!(
+            problems.iter().any(|p| p.contains("run by neither")),
+            "{problems:?}"
+        );
+        assert!(!verdict(&[row(Some(Skip), None)], true, false).is_empty());
+    }
+
+    #[test]
+    fn reports_carry_both_columns() {
+        let specs = &FAKE_NODE_SPECS[..2];
+        let up: BTreeMap<String, SpecResult> = [
+            (specs[0].name.to_string(), result(Outcome::Pass)),
+            (specs[1].name.to_string(), result(Outcome::Fail)),
+        ]
+        .into();
+        let rows = rows(specs, Some(&up), None);
+        let json = report_json(&rows, json!({"commit": "abc"}));
+        assert_eq!(json["specs"][0]["upstream"], "pass");
+        assert_eq!(json["specs"][0]["endpoints_guard"], "skip");
+        assert_eq!(json["specs"][1]["upstream"], "fail");
+        assert_eq!(json["specs"][1]["seconds"], 3.0);
+        assert_eq!(json["context"]["commit"], "abc");
+        let md = report_markdown(&rows, "# Report");
+        assert!(md.contains("| pass | skip | 3.0 |"), "{md}");
+        assert!(md.contains("- kube-controller-manager, `"), "{md}");
+    }
+}
