@@ -55,8 +55,12 @@ e2e-test: controlplane
 	$(CARGO) build -p watch-chaos --bins
 	$(CARGO) test --workspace --tests -- --test-threads=$(TEST_THREADS)
 
-test: fmt-check clippy doc lint-shell controlplane
+# The fake-node conformance specs (docs/conformance.md), both columns, with the
+# debug endpoints-guard binary; report in target/conformance/test/.
+test: fmt-check clippy doc lint-shell controlplane conformance-build
 	$(CARGO) build -p watch-chaos --bins
+	$(CARGO) build -p endpoints-guard --bin endpoints-guard
+	EG_BINARY=$(CURDIR)/target/debug/endpoints-guard $(CARGO) run -p eg-testsupport --bin eg-conformance -- --out $(CURDIR)/target/conformance/test
 	EG_SOAK_DURATION=3m $(CARGO) test --workspace -- --test-threads=$(TEST_THREADS)
 
 # rustdoc of the hardened-watcher crate, warnings as errors.
