@@ -48,10 +48,23 @@ fn expect<T: PartialEq + std::fmt::Debug>(what: &str, got: T, want: T) -> Result
     }
 }
 
+/// A GET of Endpoints `ns/name`, tried again when the connection fails under
+/// it: kube-apiserver closes keep-alive connections idle for 90 s, and the
+/// client's pool can hand out one at the moment it is being closed (seen after
+/// the 60 s of steady state: "connection closed before message completed").
+/// Go's HTTP client retries an idempotent request in that case too.
 async fn endpoints(cp: &ControlPlane, ns: &str, name: &str) -> anyhow::Result<Option<Endpoints>> {
-    Ok(Api::<Endpoints>::namespaced(cp.client(), ns)
-        .get_opt(name)
-        .await?)
+    let api = Api::<Endpoints>::namespaced(cp.client(), ns);
+    let mut tries = 0;
+    loop {
+        match api.get_opt(name).await {
+            Err(kube::Error::Service(_) | kube::Error::HyperError(_)) if tries < 3 => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            got => return Ok(got?),
+        }
+    }
 }
 
 /// Waits until the Endpoints pass `check`, returning the last failure on timeout.
