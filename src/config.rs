@@ -125,9 +125,29 @@ pub struct Config {
     #[arg(long, env = "EG_WORKERS", default_value_t = 5, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub workers: u16,
 
-    /// Address of the /metrics, /healthz and /readyz server.
+    /// Address of the plain-HTTP server: /healthz and /readyz, and /metrics
+    /// unless --secure-metrics-addr is set.
     #[arg(long, env = "EG_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     pub metrics_addr: SocketAddr,
+
+    /// Serve /metrics over HTTPS on this address instead, only to callers
+    /// whose bearer token a TokenReview authenticates and who may `get` the
+    /// non-resource URL /metrics (SubjectAccessReview); answers are cached for
+    /// 10s. Unset: /metrics is plain and open on --metrics-addr (local
+    /// development).
+    #[arg(long, env = "EG_SECURE_METRICS_ADDR")]
+    pub secure_metrics_addr: Option<SocketAddr>,
+
+    /// PEM certificate (chain) of the HTTPS metrics server, e.g. a mounted
+    /// kubernetes.io/tls Secret's tls.crt; read again every 10s and used when
+    /// it changed. Without it and --tls-private-key-file: a self-signed
+    /// certificate made at start-up.
+    #[arg(long, env = "EG_TLS_CERT_FILE", requires = "tls_private_key_file")]
+    pub tls_cert_file: Option<PathBuf>,
+
+    /// PEM private key of --tls-cert-file.
+    #[arg(long, env = "EG_TLS_PRIVATE_KEY_FILE", requires = "tls_cert_file")]
+    pub tls_private_key_file: Option<PathBuf>,
 
     /// Log format.
     #[arg(long, env = "EG_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
@@ -405,6 +425,24 @@ mod tests {
             assert!(parse_duration(bad).is_err(), "{bad:?} was accepted");
         }
         assert!(parse_duration("99999999999999999999h").is_err());
+    }
+
+    #[test]
+    fn secure_metrics_flags() {
+        let cfg = Config::try_parse_from(["endpoints-guard"]).expect("defaults parse");
+        assert_eq!(cfg.secure_metrics_addr, None, "plain /metrics by default");
+        let cfg = Config::try_parse_from([
+            "endpoints-guard",
+            "--secure-metrics-addr=0.0.0.0:8443",
+            "--tls-cert-file=/tls/tls.crt",
+            "--tls-private-key-file=/tls/tls.key",
+        ])
+        .expect("parse");
+        assert_eq!(cfg.secure_metrics_addr.map(|a| a.port()), Some(8443));
+        assert!(
+            Config::try_parse_from(["endpoints-guard", "--tls-cert-file=/tls/tls.crt"]).is_err(),
+            "a certificate without its key"
+        );
     }
 
     #[test]

@@ -18,7 +18,7 @@ use crate::kinds::{EndpointSliceKind, EndpointsKind, Kind, NodeKind, PodKind, Se
 use crate::metrics::Metrics;
 use crate::reconcile::queue::Retry;
 use crate::reconcile::{Context, Stores, Work, enqueue_all, resync, slice_sync, sync, verify};
-use crate::server;
+use crate::{metrics_auth, server, tls};
 use hardened_watcher::{Change, Sink, WatchConfig, WatchObserver, Watcher, stopped};
 
 /// The API of kind `K` in `namespace` (when namespaced), or cluster-wide.
@@ -71,6 +71,8 @@ impl Watching<'_> {
 /// tests read caches and metrics through it).
 pub struct Running {
     pub metrics_addr: SocketAddr,
+    /// Where /metrics is served over HTTPS (`--secure-metrics-addr`), if it is.
+    pub secure_metrics_addr: Option<SocketAddr>,
     pub context: Arc<Context>,
 }
 
@@ -104,18 +106,39 @@ pub async fn start(
     });
 
     let (ready_tx, ready_rx) = signal::channel(false);
-    let (metrics_addr, serve) = server::bind(
-        cfg.metrics_addr,
-        metrics.clone(),
-        server::Health { ready: ready_rx },
-        shutdown.clone(),
-    )
-    .await?;
-    let running: Vec<&str> = controllers.iter().map(Controller::metric_label).collect();
-    info!(%metrics_addr, mode = ?cfg.mode, workers = cfg.workers, controllers = ?running, "endpoints-guard starting");
-
+    let health = server::Health { ready: ready_rx };
     let mut tasks = JoinSet::new();
-    tasks.spawn(serve);
+    let (metrics_addr, secure_metrics_addr) = match cfg.secure_metrics_addr {
+        None => {
+            let (addr, serve) =
+                server::bind(cfg.metrics_addr, metrics.clone(), health, shutdown.clone()).await?;
+            tasks.spawn(serve);
+            (addr, None)
+        }
+        Some(secure) => {
+            let (resolver, reload) =
+                tls::load(&cert_source(&cfg), tls::RELOAD_PERIOD, shutdown.clone())?;
+            let authorizer = Arc::new(metrics_auth::Authorizer::new(client.clone()));
+            let (secure, serve_secure) = server::bind_secure(
+                secure,
+                metrics.clone(),
+                authorizer,
+                tls::server_config(resolver)?,
+                shutdown.clone(),
+            )
+            .await?;
+            let (addr, serve) =
+                server::bind_probes(cfg.metrics_addr, health, secure, shutdown.clone()).await?;
+            tasks.spawn(serve_secure);
+            tasks.spawn(serve);
+            if let Some(reload) = reload {
+                tasks.spawn(reload);
+            }
+            (addr, Some(secure))
+        }
+    };
+    let running: Vec<&str> = controllers.iter().map(Controller::metric_label).collect();
+    info!(%metrics_addr, ?secure_metrics_addr, mode = ?cfg.mode, workers = cfg.workers, controllers = ?running, "endpoints-guard starting");
 
     let config = WatchConfig {
         page_limit: cfg.list_page_size,
@@ -189,10 +212,31 @@ pub async fn start(
     Ok((
         Running {
             metrics_addr,
+            secure_metrics_addr,
             context: ctx,
         },
         main,
     ))
+}
+
+/// The HTTPS metrics server's certificate: the files given, else a
+/// self-signed one for localhost, the loopback addresses and the pod's name.
+fn cert_source(cfg: &Config) -> tls::CertSource {
+    match (&cfg.tls_cert_file, &cfg.tls_private_key_file) {
+        (Some(cert), Some(key)) => tls::CertSource::Files {
+            cert: cert.clone(),
+            key: key.clone(),
+        },
+        _ => {
+            let mut names = vec![
+                "localhost".to_string(),
+                "127.0.0.1".to_string(),
+                "::1".to_string(),
+            ];
+            names.extend(std::env::var("POD_NAME").ok().filter(|n| !n.is_empty()));
+            tls::CertSource::SelfSigned(names)
+        }
+    }
 }
 
 fn shutdown_queues(ctx: &Context) {

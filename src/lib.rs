@@ -7,7 +7,8 @@
 //!   deletion guard, resync diff.
 //! - [`kinds`]: every watched kind, described once.
 //! - [`controller`]: wires caches, watchers, workers and the metrics server.
-//! - [`metrics`], [`server`]: Prometheus metrics and the health endpoints.
+//! - [`metrics`], [`server`]: Prometheus metrics and the health endpoints;
+//!   [`metrics_auth`], [`tls`]: /metrics over HTTPS for authorized callers.
 //! - [`wire`]: slim decode targets for the hot watch paths.
 
 pub mod config;
@@ -17,9 +18,11 @@ pub mod error;
 pub mod kinds;
 pub mod leader;
 pub mod metrics;
+pub mod metrics_auth;
 pub mod ratelimit;
 pub mod reconcile;
 pub mod server;
 pub mod startup;
+pub mod tls;
 pub mod verify_endpoints;
 pub mod wire;

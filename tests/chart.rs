@@ -20,7 +20,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::CommandFactory;
 use common::eventually;
-use eg_testsupport::process::{Process, free_port};
+use eg_testsupport::process::{Process, free_ports};
 use eg_testsupport::{
     ControlPlane, ControlPlaneOptions, PodBuilder, PodStatusSpec, ServiceBuilder,
 };
@@ -92,6 +92,7 @@ fn every_flag_is_reachable_from_values() -> Result<()> {
     let rendered = template(&[
         "watchNamespace=team-a",
         "extraArgs={--context=ctx,--kubeconfig=/k}",
+        "metrics.tls.secretName=eg-tls",
     ])?;
     let docs = documents(&rendered)?;
     let args = strings(&container(find(&docs, "Deployment")?, "endpoints-guard")?["args"]);

@@ -1,8 +1,13 @@
 //! endpoints-guard under a real Prometheus. The endpoints-guard binary runs
-//! behind watch-chaos on the local control plane; Prometheus scrapes it through
-//! a static scrape config that stands in for the chart's ServiceMonitor (the
-//! same job and namespace labels) and evaluates the rules `helm template`
-//! renders, every second. Read from Prometheus's alerts API:
+//! behind watch-chaos on the local control plane, /metrics over HTTPS
+//! (`--secure-metrics-addr`, the certificate from files as a mounted Secret
+//! would give it); Prometheus scrapes it through a static scrape config that
+//! stands in for the chart's ServiceMonitor (the same job and namespace
+//! labels, HTTPS checked against the CA, the token of a ServiceAccount bound
+//! to the chart's metrics-reader ClusterRole) and evaluates the rules `helm
+//! template` renders, every second. Two more jobs scrape the same port with
+//! the token of a ServiceAccount without the role (403) and with no token
+//! (401), as Prometheus's targets API reports. Read from the alerts API:
 //! (a) failure A replayed through watch-chaos fires
 //!     EndpointsGuardSpuriousDeletionsPrevented;
 //! (b) a pod delete the watch never delivers (watch-chaos `drop-deletes`),
@@ -20,14 +25,17 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use eg_testsupport::chaos::{ChaosProxy, Expected, failure_a_history};
 use eg_testsupport::loopback;
-use eg_testsupport::process::{Process, free_port};
+use eg_testsupport::process::{Process, free_ports};
 use eg_testsupport::prometheus::{
-    ChartMonitoring, Prometheus, alert_names, render_chart_monitoring,
+    ChartMonitoring, Job, Prometheus, Scheme, Target, alert_names, render_chart_monitoring,
 };
 use eg_testsupport::{ControlPlane, ControlPlaneOptions, PodBuilder, PodStatusSpec};
 use endpoints_guard::reconcile::guard::PREVENTION_REASONS;
-use k8s_openapi::api::core::v1::Endpoints;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Endpoints, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::Api;
+use kube::api::PostParams;
 use serde_json::json;
 
 const ENDPOINTS_GUARD: &str = env!("CARGO_BIN_EXE_endpoints-guard");
@@ -97,6 +105,93 @@ fn dashboard_queries(monitoring: &ChartMonitoring) -> Result<Vec<(String, String
     Ok(queries)
 }
 
+/// Where the scrapers' ServiceAccounts live.
+const MONITORING: &str = "monitoring";
+
+/// The chart's metrics-reader ClusterRole and its binding to
+/// `monitoring/prometheus` (`metrics.readers`), as `helm template` renders them.
+fn metrics_reader_objects() -> Result<(ClusterRole, ClusterRoleBinding)> {
+    let out = std::process::Command::new(eg_testsupport::binaries::program("helm")?)
+        .args(["template", "endpoints-guard"])
+        .arg(eg_testsupport::binaries::workspace_root()?.join("charts/endpoints-guard"))
+        .args(["--namespace", "endpoints-guard"])
+        .args(["--set", "metrics.readers[0].kind=ServiceAccount"])
+        .args(["--set", "metrics.readers[0].name=prometheus"])
+        .args([
+            "--set",
+            &format!("metrics.readers[0].namespace={MONITORING}"),
+        ])
+        .args(["--show-only", "templates/secure-metrics.yaml"])
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "helm template: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout)?;
+    let mut role = None;
+    let mut binding = None;
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let value: serde_yaml::Value = serde::Deserialize::deserialize(doc)?;
+        let name = value["metadata"]["name"].as_str().unwrap_or_default();
+        match value["kind"].as_str() {
+            Some("ClusterRole") => role = Some(serde_yaml::from_value(value)?),
+            Some("ClusterRoleBinding") if name.ends_with("-metrics-reader") => {
+                binding = Some(serde_yaml::from_value(value)?)
+            }
+            _ => {}
+        }
+    }
+    Ok((
+        role.context("no metrics-reader ClusterRole")?,
+        binding.context("no metrics-reader ClusterRoleBinding")?,
+    ))
+}
+
+/// A token of ServiceAccount `monitoring/<name>` (created here), in a file.
+async fn service_account_token(cp: &ControlPlane, name: &str) -> Result<std::path::PathBuf> {
+    let accounts: Api<ServiceAccount> = Api::namespaced(cp.client(), MONITORING);
+    let account: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+    accounts.create(&PostParams::default(), &account).await?;
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            expiration_seconds: Some(3600),
+            ..TokenRequestSpec::default()
+        }),
+        ..TokenRequest::default()
+    };
+    let token = accounts
+        .create_token_request(name, &PostParams::default(), &request)
+        .await?
+        .status
+        .and_then(|s| s.token)
+        .context("TokenRequest without a token")?;
+    let file = cp.log_dir().join(format!("token-{name}"));
+    std::fs::write(&file, token)?;
+    Ok(file)
+}
+
+/// Waits until Prometheus's scrapes of job `job` fail with `status`.
+async fn scrape_fails_with(prometheus: &Prometheus, job: &str, status: &str) -> Result<()> {
+    common::eventually(
+        Duration::from_secs(30),
+        &format!("job {job} answered {status}"),
+        || async {
+            let targets = prometheus.targets().await?;
+            let target = targets.iter().find(|t| t["scrapePool"] == job);
+            let error = target
+                .and_then(|t| t["lastError"].as_str())
+                .unwrap_or_default();
+            if error.contains(status) {
+                eprintln!("{job}: {error}");
+                return Ok(Some(()));
+            }
+            Err(anyhow::anyhow!("{job}: {target:?}"))
+        },
+    )
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn prometheus_fires_the_charts_alerts() -> Result<()> {
     let started = Instant::now();
@@ -112,10 +207,27 @@ async fn prometheus_fires_the_charts_alerts() -> Result<()> {
     .await?;
     cp.create_namespace(NS).await?;
 
-    let port = free_port()?;
+    // Who may scrape: monitoring/prometheus through the chart's
+    // metrics-reader ClusterRole; monitoring/stranger has no role.
+    cp.create_namespace(MONITORING).await?;
+    let (reader, binding) = metrics_reader_objects()?;
+    Api::<ClusterRole>::all(cp.client())
+        .create(&PostParams::default(), &reader)
+        .await?;
+    Api::<ClusterRoleBinding>::all(cp.client())
+        .create(&PostParams::default(), &binding)
+        .await?;
+    let allowed_token = service_account_token(&cp, "prometheus").await?;
+    let stranger_token = service_account_token(&cp, "stranger").await?;
+
+    let [port, secure_port] = free_ports()?;
+    let pki = cp.pki();
     let args = vec![
         format!("--kubeconfig={}", proxy.kubeconfig.display()),
         format!("--metrics-addr=127.0.0.1:{port}"),
+        format!("--secure-metrics-addr=127.0.0.1:{secure_port}"),
+        format!("--tls-cert-file={}", pki.serving_cert.display()),
+        format!("--tls-private-key-file={}", pki.serving_key.display()),
         "--resync-interval=5s".to_string(),
     ];
     let log = cp.log_dir().join("endpoints-guard.log");
@@ -134,14 +246,38 @@ async fn prometheus_fires_the_charts_alerts() -> Result<()> {
     .await
     .with_context(|| guard.log_tail(20))?;
 
-    let prometheus = Prometheus::scraping_endpoints_guard(
+    // The plain port serves the probes only.
+    let (status, _) = loopback::request(port, "GET", "/metrics", "text/plain", "").await?;
+    assert_eq!(status, 404, "/metrics over plain HTTP");
+    let https = |token_file: Option<std::path::PathBuf>| Scheme::Https {
+        ca_file: pki.ca_cert.clone(),
+        server_name: String::new(),
+        token_file,
+    };
+    let probe = |name: &str, token_file| Job {
+        name: name.to_string(),
+        targets: vec![Target {
+            address: format!("127.0.0.1:{secure_port}"),
+            labels: Default::default(),
+        }],
+        scheme: https(token_file),
+    };
+    let prometheus = Prometheus::scraping_endpoints_guard_with(
         &Prometheus::binary()?,
         &cp.log_dir().join("prometheus"),
         &monitoring,
-        port,
+        secure_port,
         "endpoints-guard-0",
+        https(Some(allowed_token)),
+        &[
+            probe("no-role", Some(stranger_token)),
+            probe("no-token", None),
+        ],
     )
-    .await?;
+    .await
+    .with_context(|| guard.log_tail(20))?;
+    scrape_fails_with(&prometheus, "no-role", "403").await?;
+    scrape_fails_with(&prometheus, "no-token", "401").await?;
     let alerts = alert_names(&monitoring.rules)?;
     assert_eq!(
         prometheus.alerting_rules().await?,

@@ -117,6 +117,8 @@ async fn helm_install_then_run_with_the_charts_service_account() -> Result<()> {
         &kubeconfig,
         "--set",
         "serviceMonitor.enabled=true,prometheusRule.enabled=true,grafanaDashboard.enabled=true,mode=enforce",
+        "--set",
+        "metrics.readers[0].kind=ServiceAccount,metrics.readers[0].name=prometheus,metrics.readers[0].namespace=monitoring",
     ]))
     .context("helm install: every object must pass server-side validation")?;
     // No kubelet here: the Deployment exists but never becomes available.
@@ -256,7 +258,7 @@ async fn helm_install_then_run_with_the_charts_service_account() -> Result<()> {
     .await?;
 
     let token_kubeconfig = cp.kubeconfig_for_token("chart-sa", &token)?;
-    let port = free_port()?;
+    let [port, secure_port] = free_ports()?;
     let log = cp.log_dir().join("endpoints-guard-chart-sa.log");
     let args: Vec<String> = [
         "--kubeconfig",
@@ -274,6 +276,10 @@ async fn helm_install_then_run_with_the_charts_service_account() -> Result<()> {
         "2s",
         "--resync-interval",
         "5s",
+        // /metrics over HTTPS with a self-signed certificate, the chart's
+        // RBAC asking the API server who calls.
+        "--secure-metrics-addr",
+        &format!("127.0.0.1:{secure_port}"),
     ]
     .iter()
     .map(|s| s.to_string())
@@ -371,9 +377,58 @@ async fn helm_install_then_run_with_the_charts_service_account() -> Result<()> {
         Some(403),
         "leases elsewhere"
     );
+    // /metrics: the chart's metrics reader gets it; the test ServiceAccount
+    // (authenticated, no role) is refused; no token is unauthenticated.
+    cp.create_namespace("monitoring").await?;
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), "monitoring");
+    let reader: ServiceAccount =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "prometheus"}}))?;
+    accounts.create(&PostParams::default(), &reader).await?;
+    let reader_token = accounts
+        .create_token_request("prometheus", &PostParams::default(), &request)
+        .await?
+        .status
+        .and_then(|s| s.token)
+        .context("TokenRequest without a token")?;
+    let body = scrape(secure_port, Some(&reader_token))
+        .await
+        .with_context(|| guard.log_tail(20))?;
+    assert!(body.contains("endpoints_guard_build_info{"), "{body}");
+    assert!(body.contains("process_resident_memory_bytes"), "{body}");
+    assert_eq!(
+        api_code(
+            &scrape(secure_port, Some(&test_token))
+                .await
+                .map_err(into_kube)
+        ),
+        Some(403)
+    );
+    assert_eq!(
+        api_code(&scrape(secure_port, None).await.map_err(into_kube)),
+        Some(401)
+    );
     guard.ensure_running()?;
     guard.stop().await?;
     Ok(())
+}
+
+/// GET https://127.0.0.1:`port`/metrics with a bearer `token` (the
+/// self-signed certificate not checked), through a kube client.
+async fn scrape(port: u16, token: Option<&str>) -> Result<String> {
+    let mut config = kube::Config::new(format!("https://127.0.0.1:{port}").parse()?);
+    config.accept_invalid_certs = true;
+    config.auth_info.token = token.map(|t| t.to_string().into());
+    let client = kube::Client::try_from(config)?;
+    let request = http::Request::get("/metrics").body(Vec::new())?;
+    Ok(client.request_text(request).await?)
+}
+
+/// The kube error inside, for [`api_code`].
+fn into_kube(err: anyhow::Error) -> kube::Error {
+    match err.downcast::<kube::Error>() {
+        Ok(err) => err,
+        Err(other) => kube::Error::Service(other.into()),
+    }
 }
 
 /// Waits until `addresses` reads exactly the demo pod's IP; on a timeout the

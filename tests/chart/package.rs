@@ -2,7 +2,8 @@
 //! use as a dependency of another chart with `global` values, the image by
 //! digest, kustomize over deploy/, scheduling and disruption defaults, the
 //! `helm test` hook, the ServiceMonitor's fields, the alerts' switches, labels
-//! and runbook, and Go durations in the values.
+//! and runbook, Go durations in the values, /metrics over HTTPS by default and
+//! the opt-in NetworkPolicy.
 
 use super::*;
 
@@ -413,5 +414,156 @@ fn durations_in_values_are_go_durations() -> Result<()> {
             "{off}"
         );
     }
+    Ok(())
+}
+
+/// Secure by default: /metrics on the HTTPS port, the probes plain, the
+/// ServiceMonitor with https, the ServiceAccount token and (self-signed)
+/// no verification; the delegation binding and the metrics-reader role.
+#[test]
+fn metrics_are_served_over_https_by_default() -> Result<()> {
+    let docs = documents(&template(&["serviceMonitor.enabled=true"])?)?;
+    let deployment = find(&docs, "Deployment")?;
+    let main = container(deployment, "endpoints-guard")?;
+    let args = strings(&main["args"]);
+    assert!(
+        args.contains(&"--secure-metrics-addr=0.0.0.0:8443".to_string()),
+        "{args:?}"
+    );
+    assert!(
+        !args.iter().any(|a| a.starts_with("--tls-cert-file")),
+        "self-signed: {args:?}"
+    );
+    for probe in ["livenessProbe", "readinessProbe", "startupProbe"] {
+        assert_eq!(
+            main[probe]["httpGet"]["port"].as_str(),
+            Some("metrics"),
+            "{probe}"
+        );
+        assert!(
+            main[probe]["httpGet"]["scheme"].is_null(),
+            "{probe} stays plain HTTP"
+        );
+    }
+    let service = find(&docs, "Service")?;
+    assert_eq!(
+        service["spec"]["ports"][0]["targetPort"].as_str(),
+        Some("https")
+    );
+    let endpoint = &find(&docs, "ServiceMonitor")?["spec"]["endpoints"][0];
+    assert_eq!(endpoint["scheme"].as_str(), Some("https"));
+    assert_eq!(
+        endpoint["bearerTokenFile"].as_str(),
+        Some("/var/run/secrets/kubernetes.io/serviceaccount/token")
+    );
+    assert_eq!(
+        endpoint["tlsConfig"]["insecureSkipVerify"].as_bool(),
+        Some(true)
+    );
+    let reader = find_all(&docs, "ClusterRole")
+        .into_iter()
+        .find(|r| r["metadata"]["name"].as_str() == Some("endpoints-guard-metrics-reader"))
+        .context("no metrics-reader ClusterRole")?;
+    assert_eq!(
+        strings(&reader["rules"][0]["nonResourceURLs"]),
+        ["/metrics"]
+    );
+    assert_eq!(strings(&reader["rules"][0]["verbs"]), ["get"]);
+    let delegation = find_all(&docs, "ClusterRoleBinding")
+        .into_iter()
+        .find(|b| b["roleRef"]["name"].as_str() == Some("system:auth-delegator"))
+        .context("no auth-delegator binding")?;
+    assert_eq!(
+        delegation["subjects"][0]["name"].as_str(),
+        Some("endpoints-guard")
+    );
+
+    // A Secret's certificate: mounted, named by flags, verified by the
+    // ServiceMonitor's own tlsConfig.
+    let docs = documents(&template(&[
+        "serviceMonitor.enabled=true",
+        "metrics.tls.secretName=eg-tls",
+        "serviceMonitor.tlsConfig.serverName=endpoints-guard-metrics.endpoints-guard.svc",
+    ])?)?;
+    let deployment = find(&docs, "Deployment")?;
+    let main = container(deployment, "endpoints-guard")?;
+    let args = strings(&main["args"]);
+    assert!(args.contains(&"--tls-cert-file=/etc/endpoints-guard/tls/tls.crt".to_string()));
+    assert!(args.contains(&"--tls-private-key-file=/etc/endpoints-guard/tls/tls.key".to_string()));
+    assert_eq!(
+        main["volumeMounts"][0]["mountPath"].as_str(),
+        Some("/etc/endpoints-guard/tls")
+    );
+    assert_eq!(
+        deployment["spec"]["template"]["spec"]["volumes"][0]["secret"]["secretName"].as_str(),
+        Some("eg-tls")
+    );
+    let endpoint = &find(&docs, "ServiceMonitor")?["spec"]["endpoints"][0];
+    assert!(endpoint["tlsConfig"]["insecureSkipVerify"].is_null());
+    // With the chaos sidecar too, both volumes.
+    let docs = documents(&template(&[
+        "metrics.tls.secretName=eg-tls",
+        "chaos.enabled=true",
+    ])?)?;
+    let volumes = &find(&docs, "Deployment")?["spec"]["template"]["spec"]["volumes"];
+    assert_eq!(volumes.as_sequence().map(Vec::len), Some(2), "{volumes:?}");
+
+    // Plain HTTP for local development: no HTTPS port, no token, no roles.
+    let docs = documents(&template(&[
+        "serviceMonitor.enabled=true",
+        "metrics.secure=false",
+    ])?)?;
+    let args = strings(&container(find(&docs, "Deployment")?, "endpoints-guard")?["args"]);
+    assert!(
+        !args.iter().any(|a| a.starts_with("--secure-metrics-addr")),
+        "{args:?}"
+    );
+    assert_eq!(
+        find(&docs, "Service")?["spec"]["ports"][0]["targetPort"].as_str(),
+        Some("metrics")
+    );
+    let endpoint = &find(&docs, "ServiceMonitor")?["spec"]["endpoints"][0];
+    assert_eq!(endpoint["scheme"].as_str(), Some("http"));
+    assert!(endpoint["bearerTokenFile"].is_null());
+    assert!(
+        !find_all(&docs, "ClusterRole")
+            .iter()
+            .any(|r| r["metadata"]["name"].as_str() == Some("endpoints-guard-metrics-reader"))
+    );
+    Ok(())
+}
+
+#[test]
+fn the_network_policy_is_opt_in_and_narrow() -> Result<()> {
+    let docs = documents(&template(&[])?)?;
+    assert!(find(&docs, "NetworkPolicy").is_err(), "on by default");
+    let docs = documents(&template(&["networkPolicy.enabled=true"])?)?;
+    let policy = &find(&docs, "NetworkPolicy")?["spec"];
+    assert_eq!(strings(&policy["policyTypes"]), ["Ingress", "Egress"]);
+    let ingress = &policy["ingress"];
+    assert_eq!(ingress.as_sequence().map(Vec::len), Some(1));
+    assert_eq!(ingress[0]["ports"][0]["port"].as_str(), Some("https"));
+    assert_eq!(
+        ingress[0]["from"][0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
+            .as_str(),
+        Some("monitoring")
+    );
+    let egress = &policy["egress"];
+    assert_eq!(egress.as_sequence().map(Vec::len), Some(1));
+    let ports: Vec<i64> = egress[0]["ports"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["port"].as_i64())
+        .collect();
+    assert_eq!(ports, [443, 6443]);
+    let plain = documents(&template(&[
+        "networkPolicy.enabled=true",
+        "metrics.secure=false",
+    ])?)?;
+    assert_eq!(
+        find(&plain, "NetworkPolicy")?["spec"]["ingress"][0]["ports"][0]["port"].as_str(),
+        Some("metrics")
+    );
     Ok(())
 }

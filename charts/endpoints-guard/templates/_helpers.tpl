@@ -80,3 +80,8 @@ so the second part is the exception, not the rule.
 or
 {{ .agg }} by ({{ .by }}) ({{ .metric }}{ {{- .sel -}} } unless present_over_time({{ .metric }}{ {{- .sel -}} }[{{ .window }}] offset {{ .window }})) > 0
 {{- end }}
+
+{{/* The container port the metrics Service targets: https with metrics.secure, else metrics. */}}
+{{- define "endpoints-guard.metricsTargetPort" -}}
+{{- if .Values.metrics.secure }}https{{ else }}metrics{{ end }}
+{{- end }}

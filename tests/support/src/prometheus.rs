@@ -127,6 +127,57 @@ impl Target {
     }
 }
 
+/// How a scrape job reaches its targets.
+#[derive(Debug, Clone, Default)]
+pub enum Scheme {
+    /// Plain HTTP, no credentials.
+    #[default]
+    Http,
+    /// HTTPS, the server's certificate checked against `ca_file` (for
+    /// `server_name`, or the target's host when empty), with the bearer token
+    /// in `token_file` if given.
+    Https {
+        ca_file: PathBuf,
+        server_name: String,
+        token_file: Option<PathBuf>,
+    },
+}
+
+/// One scrape job.
+#[derive(Debug, Clone)]
+pub struct Job {
+    pub name: String,
+    pub targets: Vec<Target>,
+    pub scheme: Scheme,
+}
+
+impl Job {
+    fn config(&self) -> Value {
+        let static_configs: Vec<Value> = self
+            .targets
+            .iter()
+            .map(|t| json!({"targets": [t.address], "labels": t.labels}))
+            .collect();
+        let mut job = json!({"job_name": self.name, "static_configs": static_configs});
+        if let Scheme::Https {
+            ca_file,
+            server_name,
+            token_file,
+        } = &self.scheme
+        {
+            job["scheme"] = json!("https");
+            job["tls_config"] = json!({"ca_file": ca_file});
+            if !server_name.is_empty() {
+                job["tls_config"]["server_name"] = json!(server_name);
+            }
+            if let Some(token) = token_file {
+                job["authorization"] = json!({"type": "Bearer", "credentials_file": token});
+            }
+        }
+        job
+    }
+}
+
 /// A running Prometheus; killed when dropped.
 pub struct Prometheus {
     pub process: Process,
@@ -145,13 +196,28 @@ impl Prometheus {
         rules: &str,
         interval: &str,
     ) -> Result<Self> {
+        let job = Job {
+            name: job.to_string(),
+            targets: targets.to_vec(),
+            scheme: Scheme::Http,
+        };
+        Self::start_jobs(binary, dir, &[job], rules, interval).await
+    }
+
+    /// Starts `binary` in `dir` with the scrape `jobs` and the rule file
+    /// `rules`; scrapes and evaluates every `interval`. Waits until
+    /// Prometheus is ready.
+    pub async fn start_jobs(
+        binary: &Path,
+        dir: &Path,
+        jobs: &[Job],
+        rules: &str,
+        interval: &str,
+    ) -> Result<Self> {
         std::fs::create_dir_all(dir)?;
         let rules_file = dir.join("rules.yaml");
         std::fs::write(&rules_file, rules)?;
-        let static_configs: Vec<Value> = targets
-            .iter()
-            .map(|t| json!({"targets": [t.address], "labels": t.labels}))
-            .collect();
+        let scrape_configs: Vec<Value> = jobs.iter().map(Job::config).collect();
         let config = json!({
             "global": {
                 "scrape_interval": interval,
@@ -159,7 +225,7 @@ impl Prometheus {
                 "evaluation_interval": interval,
             },
             "rule_files": [rules_file],
-            "scrape_configs": [{"job_name": job, "static_configs": static_configs}],
+            "scrape_configs": scrape_configs,
         });
         let config_file = dir.join("prometheus.yml");
         std::fs::write(&config_file, serde_yaml::to_string(&config)?)?;
@@ -195,16 +261,29 @@ impl Prometheus {
         port: u16,
         pod: &str,
     ) -> Result<Self> {
+        Self::scraping_endpoints_guard_with(binary, dir, monitoring, port, pod, Scheme::Http, &[])
+            .await
+    }
+
+    /// [`Prometheus::scraping_endpoints_guard`] with the chart's job reaching
+    /// endpoints-guard by `scheme`, and `more` jobs beside it.
+    pub async fn scraping_endpoints_guard_with(
+        binary: &Path,
+        dir: &Path,
+        monitoring: &ChartMonitoring,
+        port: u16,
+        pod: &str,
+        scheme: Scheme,
+        more: &[Job],
+    ) -> Result<Self> {
         let target = Target::endpoints_guard(monitoring, format!("127.0.0.1:{port}"), pod);
-        let prometheus = Self::start(
-            binary,
-            dir,
-            &monitoring.job,
-            &[target],
-            &monitoring.rules,
-            "1s",
-        )
-        .await?;
+        let mut jobs = vec![Job {
+            name: monitoring.job.clone(),
+            targets: vec![target],
+            scheme,
+        }];
+        jobs.extend(more.iter().cloned());
+        let prometheus = Self::start_jobs(binary, dir, &jobs, &monitoring.rules, "1s").await?;
         let up = format!("up{{job=\"{}\"}} == 1", monitoring.job);
         let deadline = Instant::now() + Duration::from_secs(30);
         while prometheus
@@ -250,6 +329,16 @@ impl Prometheus {
             .await
             .with_context(|| format!("query {expr}"))?;
         Ok(data["result"].clone())
+    }
+
+    /// The active scrape targets, as `/api/v1/targets` reports them (each with
+    /// `labels`, `scrapePool`, `health` and `lastError`).
+    pub async fn targets(&self) -> Result<Vec<Value>> {
+        let data = self.api("/api/v1/targets?state=active", "").await?;
+        Ok(data["activeTargets"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default())
     }
 
     /// The alerts Prometheus holds now (pending and firing).
