@@ -88,7 +88,9 @@ pub enum LogFormat {
 
 /// A Kubernetes endpoints controller that never deletes Endpoints on a stale cache.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "endpoints-guard", version, about, long_about = None)]
+// A flag given twice takes its last value: the chart's extraArgs come after
+// the flags it sets and override them.
+#[command(name = "endpoints-guard", version, about, long_about = None, args_override_self = true)]
 pub struct Config {
     /// Path to a kubeconfig file. Without it: $KUBECONFIG, then the in-cluster
     /// service account, then ~/.kube/config.
@@ -425,6 +427,19 @@ mod tests {
             assert!(parse_duration(bad).is_err(), "{bad:?} was accepted");
         }
         assert!(parse_duration("99999999999999999999h").is_err());
+    }
+
+    #[test]
+    fn a_repeated_flag_takes_its_last_value() {
+        let cfg = Config::try_parse_from([
+            "endpoints-guard",
+            "--managed-by=upstream",
+            "--workers=3",
+            "--managed-by=own",
+        ])
+        .expect("parse");
+        assert_eq!(cfg.managed_by, crate::desired::ManagedBy::Own);
+        assert_eq!(cfg.workers, 3);
     }
 
     #[test]

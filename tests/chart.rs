@@ -292,6 +292,16 @@ fn kind_e2e_installs_the_watch_chaos_sidecar() -> Result<()> {
     let main = container(deployment, "endpoints-guard")?;
     let args = strings(&main["args"]);
     assert!(args.contains(&"--mode=enforce".to_string()), "{args:?}");
+    // The arguments parse; extraArgs (hack/kind-values.yaml) override what
+    // the chart sets.
+    let mut argv = vec!["endpoints-guard".to_string()];
+    argv.extend(args.iter().cloned());
+    let cfg = <Config as clap::Parser>::try_parse_from(&argv)?;
+    assert_eq!(
+        cfg.managed_by,
+        endpoints_guard::desired::ManagedBy::Own,
+        "{args:?}"
+    );
     assert!(
         args.contains(&"--kubeconfig=/etc/endpoints-guard/chaos/client.kubeconfig".to_string()),
         "endpoints-guard must talk to the proxy: {args:?}"
