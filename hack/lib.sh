@@ -63,6 +63,8 @@ assemble_controller_rootfs() {
     [ -x "$bins/$bin" ] ||
       die "$bins/$bin is missing: run 'cargo build --release -p endpoints-guard -p watch-chaos --bins'"
     cp "$bins/$bin" "$rootfs/usr/local/bin/$bin"
+    # A debug build carries hundreds of MB of debug info the image has no use for.
+    if command -v strip >/dev/null; then strip --strip-debug "$rootfs/usr/local/bin/$bin"; fi
   done
   for lib in $(for bin in endpoints-guard watch-chaos; do shared_libraries "$bins/$bin"; done | sort -u); do
     copy_into_rootfs "$rootfs" "$lib"

@@ -18,6 +18,7 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -67,6 +68,8 @@ struct Row {
     note: String,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     examples: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    other_examples: Vec<String>,
 }
 
 impl Row {
@@ -80,6 +83,7 @@ impl Row {
             longest_streak_s: verdict.longest_streak_s,
             note,
             examples: verdict.examples,
+            other_examples: verdict.other_examples,
         }
     }
 }
@@ -122,6 +126,9 @@ async fn real_node() -> Result<()> {
             return Ok(());
         }
     };
+    if let Some(problems) = node::clean_leftovers() {
+        eprintln!("e2e_node: undid what a killed run left on the host ({problems:?})");
+    }
     if let Some(why) = node::unavailable() {
         eprintln!("e2e_node: skipped: {why}");
         return Ok(());
@@ -145,7 +152,7 @@ async fn real_node() -> Result<()> {
         form,
         rows: Vec::new(),
     };
-    let outcome = run.all().await;
+    let outcome = run.all().await.and_then(|()| verdict(&run.rows));
     let rows = std::mem::take(&mut run.rows);
     if outcome.is_err() {
         node.cp.keep_logs();
@@ -178,6 +185,12 @@ async fn real_node() -> Result<()> {
         "the host is not as it was: {:?}",
         teardown.differences
     );
+    Ok(())
+}
+
+/// What the rows must show: endpoints-guard failed no request with wrong
+/// endpoints, and some fault row hurt kube-controller-manager.
+fn verdict(rows: &[Row]) -> Result<()> {
     for row in rows.iter().filter(|r| r.controller == GUARD) {
         ensure!(
             row.failed_wrong_endpoints == 0,
@@ -348,19 +361,25 @@ impl Run<'_> {
                 // Every server pod, live, is sent to the controller as DELETED
                 // at an old resourceVersion (kubernetes#58547's replay).
                 tokio::time::sleep(Duration::from_secs(2)).await;
-                let names: Vec<String> = watch
+                // Oldest first: a replay makes the controller watch again
+                // from that pod's resourceVersion, and the history replayed
+                // from there holds the pods changed later, which would
+                // bring back the ones already "deleted".
+                let mut pods_by_rv: Vec<(u64, String)> = watch
                     .pods()
                     .iter()
-                    .filter_map(|p| p.metadata.name.clone())
+                    .filter_map(|p| {
+                        let rv = p.metadata.resource_version.as_ref()?.parse().ok()?;
+                        Some((rv, p.metadata.name.clone()?))
+                    })
                     .collect();
+                pods_by_rv.sort();
+                let names: Vec<String> = pods_by_rv.into_iter().map(|(_, name)| name).collect();
                 for pod in &names {
-                    chaos_post(
-                        writer,
-                        &self.client,
-                        "/actions/replay-old-delete",
-                        json!({"resource": "pods", "namespace": TEST_NS, "name": pod}),
-                    )
-                    .await?;
+                    // One replay ends the controller's watch; the next must
+                    // wait until it watches again, or it reaches nobody.
+                    replay_old_delete(writer, &self.client, pod).await?;
+                    tokio::time::sleep(Duration::from_secs(2)).await;
                 }
                 tokio::time::sleep(Duration::from_secs(15)).await;
                 Ok(format!("{} pods replayed as deleted", names.len()))
@@ -466,7 +485,11 @@ impl Run<'_> {
     async fn install_chart(&mut self) -> Result<()> {
         create_namespace(&self.client, SYSTEM_NS).await?;
         let values = workspace_root()?.join("hack/node-values.yaml");
-        let chart = workspace_root()?.join("charts/endpoints-guard");
+        // EG_E2E_NODE_CHART: another copy of the chart (a packaged one, say).
+        let chart = match std::env::var_os("EG_E2E_NODE_CHART") {
+            Some(dir) => PathBuf::from(dir),
+            None => workspace_root()?.join("charts/endpoints-guard"),
+        };
         helm(
             self.node,
             &[
@@ -744,6 +767,35 @@ async fn chaos_post(writer: &Writer, client: &Client, path: &str, body: Value) -
         loopback::json_to(addr, "POST", path, "application/json", &body.to_string())
             .await
             .with_context(|| format!("watch-chaos at {addr}"))?;
+    }
+    Ok(())
+}
+
+/// Replays an old DELETE of the live pod `pod` to every open pod watch of
+/// each watch-chaos, retrying until each one had a watch to send it to.
+async fn replay_old_delete(writer: &Writer, client: &Client, pod: &str) -> Result<()> {
+    let body = json!({"resource": "pods", "namespace": TEST_NS, "name": pod}).to_string();
+    for addr in chaos_controls(writer, client).await? {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let answer = loopback::json_to(
+                addr,
+                "POST",
+                "/actions/replay-old-delete",
+                "application/json",
+                &body,
+            )
+            .await
+            .with_context(|| format!("watch-chaos at {addr}"))?;
+            if answer["open_watch_streams"].as_u64().unwrap_or(0) > 0 {
+                break;
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "no pod watch through {addr} for 20 s"
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
     }
     Ok(())
 }

@@ -33,27 +33,27 @@ pub(crate) fn apiserver_args(
         format!("--service-account-issuer=https://{bind}:{port}"),
         "--authorization-mode=RBAC".to_string(),
         format!("--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}"),
-        // No service-account controller runs, so namespaces never get their
-        // `default` ServiceAccount, and the ServiceAccount admission plugin
-        // would reject every pod for lacking it.
-        "--disable-admission-plugins=ServiceAccount".to_string(),
         format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
-        // The apiserver cannot publish 127.0.0.1 as the `kubernetes`
-        // Service's endpoint (loopback is invalid there) and would log an
-        // error every few seconds trying; the Service itself is still made.
-        "--endpoint-reconciler-type=none".to_string(),
         // API priority and fairness only slows startup down here.
         "--enable-priority-and-fairness=false".to_string(),
         "--profiling=false".to_string(),
         "--v=1".to_string(),
     ];
-    if !bind.is_loopback() {
+    if bind.is_loopback() {
+        // No service-account controller runs, so namespaces never get their
+        // `default` ServiceAccount, and the ServiceAccount admission plugin
+        // would reject every pod for lacking it.
+        args.push("--disable-admission-plugins=ServiceAccount".to_string());
+        // The apiserver cannot publish 127.0.0.1 as the `kubernetes`
+        // Service's endpoint (loopback is invalid there) and would log an
+        // error every few seconds trying; the Service itself is still made.
+        args.push("--endpoint-reconciler-type=none".to_string());
+    } else {
         // Pods reach kube-apiserver through the `kubernetes` Service, whose
         // endpoint the lease reconciler publishes (the advertise address),
         // with the token the ServiceAccount admission plugin mounts (the
         // real node's kube-controller-manager creates the accounts).
         args.push("--endpoint-reconciler-type=lease".to_string());
-        args.push("--disable-admission-plugins=".to_string());
     }
     if let Some(interval) = options.etcd_compaction_interval {
         args.push(format!(

@@ -188,7 +188,17 @@ impl RealNode {
     /// plane's log folder) and waits until the Node is Ready.
     pub async fn start(dir: &Path, images: &NodeImages) -> Result<Self> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        if let Some(problems) = clean_leftovers() {
+            eprintln!("eg-testsupport: cleaned up after a killed node run ({problems:?})");
+        }
         let before = HostSnapshot::take().context("taking the host snapshot")?;
+        let marker = Marker {
+            pid: std::process::id(),
+            dir: dir.to_path_buf(),
+            before: before.clone(),
+        };
+        std::fs::write(MARKER, serde_json::to_string(&marker)?)
+            .with_context(|| format!("writing {MARKER}"))?;
         // The bridge exists before kube-apiserver, which listens on its address.
         run("ip", &["link", "add", BRIDGE, "type", "bridge"])?;
         let mut node = Self {
@@ -233,8 +243,7 @@ impl RealNode {
                     Ok(())
                 };
                 if let Err(err) = setup() {
-                    let _ = run("ip", &["link", "del", BRIDGE]);
-                    let problems = host::restore(&before);
+                    let problems = restore_host(dir, &before);
                     bail!("setting up the bridge: {err:#} (clean-up: {problems:?})");
                 }
                 let options = ControlPlaneOptions {
@@ -244,9 +253,7 @@ impl RealNode {
                 match ControlPlane::start(options).await {
                     Ok(cp) => cp,
                     Err(err) => {
-                        let _ = run("iptables", &guard_rule_args("-D"));
-                        let _ = run("ip", &["link", "del", BRIDGE]);
-                        let problems = host::restore(&before);
+                        let problems = restore_host(dir, &before);
                         return Err(err.context(format!(
                             "starting the control plane (clean-up: {problems:?})"
                         )));
@@ -513,48 +520,29 @@ impl RealNode {
         if let Some(mut kubelet) = self.kubelet.take() {
             let _ = kubelet.stop().await;
         }
+        // The containers' logs go with the control plane's (kept when a run
+        // fails); /var/log/pods itself is removed below.
+        let _ = run(
+            "cp",
+            &[
+                "-r",
+                "/var/log/pods",
+                &self.cp.log_dir().join("pods").display().to_string(),
+            ],
+        );
         // Every container process, then the shims (which outlive containerd).
-        for cgroup in host_cgroups("kubepods") {
-            if let Err(err) = host::remove_cgroup_tree(&cgroup) {
-                problems.push(format!("{err:#}"));
-            }
-        }
-        let socket = self
-            .dir
-            .join("containerd/containerd.sock")
-            .display()
-            .to_string();
-        kill_processes_with_arg("containerd-shim", &socket);
+        kill_containers(&self.dir, &mut problems);
         if let Some(mut containerd) = self.containerd.take() {
             let _ = containerd.stop().await;
         }
-        kill_processes_with_arg("containerd-shim", &socket);
         for mut process in [self.scheduler.take(), self.kcm.take()]
             .into_iter()
             .flatten()
         {
             let _ = process.stop().await;
         }
-        // Mounts under the run's folder (overlays, netns, volumes), deepest first.
-        let prefix = self.dir.display().to_string();
-        for _ in 0..3 {
-            let mut points = mount_points_under(&prefix);
-            if points.is_empty() {
-                break;
-            }
-            points.sort_by_key(|p| std::cmp::Reverse(p.len()));
-            for point in points {
-                let _ = run("umount", &["-l", &point]);
-            }
-        }
         self.kubelet_root_mounted = false;
-        if let Err(err) = run("iptables", &guard_rule_args("-D")) {
-            problems.push(format!("removing the FORWARD guard rule: {err:#}"));
-        }
-        if let Err(err) = run("ip", &["link", "del", BRIDGE]) {
-            problems.push(format!("deleting {BRIDGE}: {err:#}"));
-        }
-        problems.extend(host::restore(&self.before));
+        problems.extend(restore_host(&self.dir, &self.before));
         problems
     }
 }
@@ -578,6 +566,99 @@ impl Drop for RealNode {
             }
         }
     }
+}
+
+/// Kills every process of the pods (by their cgroups) and the shims of the
+/// containerd in `dir`, which outlive it by design.
+fn kill_containers(dir: &Path, problems: &mut Vec<String>) {
+    let socket = dir.join("containerd/containerd.sock").display().to_string();
+    kill_processes_with_arg("containerd-shim", &socket);
+    for cgroup in host_cgroups("kubepods") {
+        if let Err(err) = host::remove_cgroup_tree(&cgroup) {
+            problems.push(format!("{err:#}"));
+        }
+    }
+    // A killed shim lingers a moment as it exits; wait until none is left.
+    for _ in 0..50 {
+        if kill_processes_with_arg("containerd-shim", &socket) == 0 {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    problems.push("containerd shims still running after 10 s".to_string());
+}
+
+/// Once the node's programs are gone: the mounts under `dir` (overlays,
+/// network namespaces, volumes) deepest first, the guard rule, the bridge,
+/// kube-proxy's rules, then everything else `before` did not have.
+fn restore_host(dir: &Path, before: &HostSnapshot) -> Vec<String> {
+    let mut problems = Vec::new();
+    let prefix = dir.display().to_string();
+    for _ in 0..3 {
+        let mut points = mount_points_under(&prefix);
+        if points.is_empty() {
+            break;
+        }
+        points.sort_by_key(|p| std::cmp::Reverse(p.len()));
+        for point in points {
+            let _ = run("umount", &["-l", &point]);
+        }
+    }
+    // kube-proxy removes its own rules (again, if it already did).
+    if let Ok(binary) = program("kube-proxy")
+        && let Err(err) = run(&binary.display().to_string(), &["--cleanup"])
+    {
+        problems.push(format!("kube-proxy --cleanup: {err:#}"));
+    }
+    while run("iptables", &guard_rule_args("-C")).is_ok() {
+        if let Err(err) = run("iptables", &guard_rule_args("-D")) {
+            problems.push(format!("removing the FORWARD guard rule: {err:#}"));
+            break;
+        }
+    }
+    if Path::new("/sys/class/net").join(BRIDGE).exists()
+        && let Err(err) = run("ip", &["link", "del", BRIDGE])
+    {
+        problems.push(format!("deleting {BRIDGE}: {err:#}"));
+    }
+    problems.extend(host::restore(before));
+    let _ = std::fs::remove_file(MARKER);
+    problems
+}
+
+/// Written when a node starts, removed when it is taken down: what a run
+/// that was killed (SIGKILL, a CI timeout) left, for the next run to undo.
+pub const MARKER: &str = "/run/eg-e2e-node.json";
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Marker {
+    /// The test process that runs the node.
+    pid: u32,
+    dir: PathBuf,
+    before: HostSnapshot,
+}
+
+/// Undoes what a killed run left, if the marker says one was killed: its
+/// pods and shims, mounts, bridge, rules, sysctls and folders. Returns what
+/// it did, or `None` when no run was left.
+pub fn clean_leftovers() -> Option<Vec<String>> {
+    let text = std::fs::read_to_string(MARKER).ok()?;
+    let Ok(marker) = serde_json::from_str::<Marker>(&text) else {
+        let _ = std::fs::remove_file(MARKER);
+        return Some(vec![format!("{MARKER} was unreadable; removed")]);
+    };
+    if Path::new(&format!("/proc/{}", marker.pid)).exists() {
+        // Its run is still going: nothing was left yet.
+        return None;
+    }
+    let mut problems = Vec::new();
+    kill_processes_with_arg("kubelet", &marker.dir.display().to_string());
+    kill_processes_with_arg("kube-proxy", &marker.dir.display().to_string());
+    kill_processes_with_arg("containerd", &marker.dir.display().to_string());
+    kill_containers(&marker.dir, &mut problems);
+    problems.extend(restore_host(&marker.dir, &marker.before));
+    let _ = std::fs::remove_dir_all(&marker.dir);
+    Some(problems)
 }
 
 fn guard_rule_args(op: &str) -> Vec<&str> {
@@ -611,11 +692,13 @@ fn host_cgroups(name: &str) -> Vec<PathBuf> {
     out
 }
 
-/// Kills (SIGKILL) processes named `comm` whose command line holds `arg`.
-fn kill_processes_with_arg(comm: &str, arg: &str) {
+/// Kills (SIGKILL) processes named `comm` whose command line holds `arg`;
+/// returns how many it found.
+fn kill_processes_with_arg(comm: &str, arg: &str) -> usize {
     let Ok(entries) = std::fs::read_dir("/proc") else {
-        return;
+        return 0;
     };
+    let mut found = 0;
     for entry in entries.flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<libc::pid_t>() else {
             continue;
@@ -624,10 +707,12 @@ fn kill_processes_with_arg(comm: &str, arg: &str) {
         let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
         let cmdline = String::from_utf8_lossy(&cmdline);
         if name.trim() == comm && cmdline.contains(arg) {
+            found += 1;
             // SAFETY: kill(2) on a pid just read from /proc.
             unsafe { libc::kill(pid, libc::SIGKILL) };
         }
     }
+    found
 }
 
 fn mount_points_under(prefix: &str) -> Vec<String> {

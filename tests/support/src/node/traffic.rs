@@ -150,32 +150,52 @@ impl ServiceWatch {
         .default_backoff()
         .applied_objects();
         let moments = Arc::new(Mutex::new(Vec::new()));
+        // A moment after every event (a transient state kube-proxy may act
+        // on is caught however short), and every 100 ms besides.
+        let record = {
+            let (pods, slices, moments) = (pods.clone(), slices.clone(), moments.clone());
+            move || {
+                let moment = Moment {
+                    at: Instant::now(),
+                    published: published(&slices.state()),
+                    live: live(&pods.state()),
+                };
+                if let Ok(mut all) = moments.lock() {
+                    all.push(moment);
+                }
+            }
+        };
+        let (on_pod, on_slice, on_tick) = (record.clone(), record.clone(), record);
         let mut tasks = vec![
-            tokio::spawn(async move { pod_stream.for_each(|_| async {}).await }),
-            tokio::spawn(async move { slice_stream.for_each(|_| async {}).await }),
+            tokio::spawn(async move {
+                pod_stream
+                    .for_each(|_| {
+                        on_pod();
+                        async {}
+                    })
+                    .await
+            }),
+            tokio::spawn(async move {
+                slice_stream
+                    .for_each(|_| {
+                        on_slice();
+                        async {}
+                    })
+                    .await
+            }),
         ];
         let _ = tokio::time::timeout(Duration::from_secs(10), async {
             let _ = pods.wait_until_ready().await;
             let _ = slices.wait_until_ready().await;
         })
         .await;
-        {
-            let (pods, slices, moments) = (pods.clone(), slices.clone(), moments.clone());
-            tasks.push(tokio::spawn(async move {
-                let mut tick = tokio::time::interval(Duration::from_millis(100));
-                loop {
-                    tick.tick().await;
-                    let moment = Moment {
-                        at: Instant::now(),
-                        published: published(&slices.state()),
-                        live: live(&pods.state()),
-                    };
-                    if let Ok(mut all) = moments.lock() {
-                        all.push(moment);
-                    }
-                }
-            }));
-        }
+        tasks.push(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(100));
+            loop {
+                tick.tick().await;
+                on_tick();
+            }
+        }));
         Self {
             moments,
             tasks,
@@ -244,14 +264,18 @@ pub struct Verdict {
     pub longest_streak_s: f64,
     /// A few failures with what was wrong, for the report.
     pub examples: Vec<String>,
+    /// A few of the other failures, with what the client saw.
+    pub other_examples: Vec<String>,
 }
 
 /// Judges `samples` against `moments`: a failed request was caused by wrong
-/// endpoints when, at its moment, the published set held an address that
-/// was not a live ready pod at any time in the `grace` before, or was empty
-/// while live ready pods had existed throughout that `grace`. The grace
-/// covers what no controller can avoid: the time from a pod's change to
-/// kube-proxy's rules.
+/// endpoints when the published set was wrong at some moment in the `grace`
+/// before it (kube-proxy may still be applying a state that has since been
+/// corrected). The published set is wrong at a moment when it holds an
+/// address that was not a live ready pod at any time in the `grace` before
+/// that moment, or is empty while live ready pods existed throughout it.
+/// The grace covers what no controller can avoid: the time from a pod's
+/// change to its slice, and from the slice to kube-proxy's rules.
 pub fn judge(samples: &[Sample], moments: &[Moment], grace: Duration, gap: Duration) -> Verdict {
     let mut verdict = Verdict {
         sent: samples.len(),
@@ -275,7 +299,12 @@ pub fn judge(samples: &[Sample], moments: &[Moment], grace: Duration, gap: Durat
                     verdict.examples.push(format!("{} ({why})", sample.detail));
                 }
             }
-            None => verdict.failed_other += 1,
+            None => {
+                verdict.failed_other += 1;
+                if verdict.other_examples.len() < 3 {
+                    verdict.other_examples.push(sample.detail.clone());
+                }
+            }
         }
     }
     if let (Some(start), Some(last)) = (streak_start, streak_last) {
@@ -286,11 +315,25 @@ pub fn judge(samples: &[Sample], moments: &[Moment], grace: Duration, gap: Durat
 }
 
 fn wrong_at(moments: &[Moment], at: Instant, grace: Duration) -> Option<String> {
-    let now = moments.iter().rev().find(|m| m.at <= at)?;
-    let window: Vec<&Moment> = moments
+    let first = moments.partition_point(|m| m.at + grace < at);
+    let last = moments.partition_point(|m| m.at <= at);
+    moments[first..last]
         .iter()
-        .filter(|m| m.at + grace >= at && m.at <= at)
-        .collect();
+        .enumerate()
+        .rev()
+        .find_map(|(i, m)| {
+            wrong_state(moments, first + i, grace).map(|why| {
+                let ago = at.saturating_duration_since(m.at).as_secs_f64();
+                format!("{why}, {ago:.2} s before")
+            })
+        })
+}
+
+/// Whether `moments[index]` published something wrong (see [`judge`]).
+fn wrong_state(moments: &[Moment], index: usize, grace: Duration) -> Option<String> {
+    let now = &moments[index];
+    let first = moments.partition_point(|m| m.at + grace < now.at);
+    let window = &moments[first..=index];
     let stale: Vec<&String> = now
         .published
         .iter()
@@ -301,7 +344,7 @@ fn wrong_at(moments: &[Moment], at: Instant, grace: Duration) -> Option<String> 
             "published {stale:?}, not a live ready pod for {grace:?}"
         ));
     }
-    if now.published.is_empty() && !window.is_empty() && window.iter().all(|m| !m.live.is_empty()) {
+    if now.published.is_empty() && window.iter().all(|m| !m.live.is_empty()) {
         return Some(format!(
             "nothing published while {} pods were ready",
             now.live.len()
@@ -364,6 +407,39 @@ mod tests {
         // 4.5 s: b has been dead for 3.5 s and is still published.
         assert_eq!(verdict.failed_wrong_endpoints, 2);
         assert_eq!(verdict.longest_streak_s, 0.1);
+    }
+
+    #[test]
+    fn a_short_wrong_state_is_blamed_for_failures_while_kube_proxy_catches_up() {
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        let moment = |n, published: &[&str]| Moment {
+            at: ms(n),
+            published: set(published),
+            live: set(&["a", "b"]),
+        };
+        // Published empty for 20 ms at 4 s, then right again.
+        let moments = vec![
+            moment(0, &["a", "b"]),
+            moment(3900, &["a", "b"]),
+            moment(4000, &[]),
+            moment(4020, &["a", "b"]),
+            moment(9000, &["a", "b"]),
+        ];
+        let fail = |n| Sample {
+            at: ms(n),
+            ok: false,
+            detail: "connect: refused".to_string(),
+        };
+        let verdict = judge(
+            &[fail(4400), fail(8000)],
+            &moments,
+            Duration::from_secs(3),
+            Duration::from_millis(50),
+        );
+        // 0.4 s after the empty moment: its fault; 4 s after: not.
+        assert_eq!(verdict.failed_wrong_endpoints, 1);
+        assert_eq!(verdict.failed_other, 1);
     }
 
     #[test]
