@@ -161,6 +161,34 @@ fn deploy_kustomization_sets_the_rendered_image() -> Result<()> {
         .context("image name:tag")?;
     assert_eq!(image["name"].as_str(), Some(name));
     assert_eq!(image["newTag"].as_str(), Some(tag));
+
+    // kubectl's kustomize, where kubectl is installed: the images entry that
+    // `kustomize edit set image endpoints-guard=registry.example.com/eg:v9`
+    // writes changes the Deployment's image.
+    if Command::new("kubectl")
+        .args(["version", "--client"])
+        .output()
+        .is_err()
+    {
+        eprintln!("kubectl not installed: kustomize build skipped");
+        return Ok(());
+    }
+    let dir = tempfile::tempdir()?;
+    std::fs::copy(
+        root().join("deploy/endpoints-guard.yaml"),
+        dir.path().join("endpoints-guard.yaml"),
+    )?;
+    let edited = text.replace(
+        &format!("  - name: endpoints-guard\n    newTag: {tag}\n"),
+        "  - name: endpoints-guard\n    newName: registry.example.com/eg\n    newTag: v9\n",
+    );
+    assert_ne!(edited, text, "the images entry has another layout");
+    std::fs::write(dir.path().join("kustomization.yaml"), edited)?;
+    let built = documents(&stdout(
+        Command::new("kubectl").arg("kustomize").arg(dir.path()),
+    )?)?;
+    let main = container(find(&built, "Deployment")?, "endpoints-guard")?;
+    assert_eq!(main["image"].as_str(), Some("registry.example.com/eg:v9"));
     Ok(())
 }
 
