@@ -26,7 +26,7 @@ use anyhow::{Context, Result, bail, ensure};
 use eg_testsupport::binaries::{program, watch_chaos, workspace_root};
 use eg_testsupport::chaos::ChaosProxy;
 use eg_testsupport::loopback;
-use eg_testsupport::node::traffic::{ServiceWatch, Traffic, Verdict, judge};
+use eg_testsupport::node::traffic::{ServiceWatch, Traffic, Verdict, judge, wait_serving};
 use eg_testsupport::node::{self, NodeImages, RealNode};
 use eg_testsupport::process::Process;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -111,6 +111,7 @@ fn start_upstream(node: &RealNode, chaos: &ChaosProxy) -> Result<Process> {
 
 struct Run<'a> {
     node: &'a mut RealNode,
+    out: PathBuf,
     client: Client,
     form: Form,
     rows: Vec<Row>,
@@ -147,6 +148,7 @@ async fn real_node() -> Result<()> {
         started.elapsed().as_secs_f64()
     );
     let mut run = Run {
+        out: out.clone(),
         client: node.cp.client(),
         node: &mut node,
         form,
@@ -254,6 +256,9 @@ impl Run<'_> {
                 continue;
             }
             wait_published(&watch, 3, Duration::from_secs(60)).await?;
+            wait_serving(target, 20, Duration::from_secs(60))
+                .await
+                .map_err(anyhow::Error::msg)?;
             eprintln!("e2e_node: {controller}: {name}");
             let traffic = Traffic::start(target, RATE, MAX_ROW);
             let note = self
@@ -263,7 +268,11 @@ impl Run<'_> {
             // Whatever was wrong has the grace to heal before traffic stops.
             tokio::time::sleep(GRACE + Duration::from_secs(2)).await;
             let samples = traffic.finish().await;
-            let verdict = judge(&samples, &watch.moments(), GRACE, GAP);
+            let moments = watch.moments();
+            let verdict = judge(&samples, &moments, GRACE, GAP);
+            if let Some(first) = samples.iter().find(|s| !s.ok) {
+                write_timeline(&self.out, controller, name, first.at, &samples, &moments)?;
+            }
             eprintln!("e2e_node: {controller}: {name}: {verdict:?} {note}");
             self.rows.push(Row::new(name, controller, verdict, note));
             clear_faults(writer, &self.client).await?;
@@ -814,6 +823,54 @@ async fn clear_faults(writer: &Writer, client: &Client) -> Result<()> {
     for addr in chaos_controls(writer, client).await? {
         loopback::json_to(addr, "DELETE", "/faults", "application/json", "").await?;
     }
+    Ok(())
+}
+
+/// For a row with failed requests: every request and every moment from 5 s
+/// before the first failure, one line each, in `<out>/timelines/`.
+fn write_timeline(
+    out: &std::path::Path,
+    controller: &str,
+    row: &str,
+    first_failure: Instant,
+    samples: &[eg_testsupport::node::traffic::Sample],
+    moments: &[eg_testsupport::node::traffic::Moment],
+) -> Result<()> {
+    let from = first_failure - Duration::from_secs(5);
+    let mut lines: Vec<(Instant, String)> = Vec::new();
+    for s in samples.iter().filter(|s| s.at >= from) {
+        lines.push((
+            s.at,
+            format!(
+                "request {} {}",
+                if s.ok { "ok" } else { "FAILED" },
+                s.detail
+            ),
+        ));
+    }
+    for m in moments.iter().filter(|m| m.at >= from) {
+        lines.push((
+            m.at,
+            format!("published {:?} live {:?}", m.published, m.live),
+        ));
+    }
+    lines.sort_by_key(|(at, _)| *at);
+    let text: String = lines
+        .iter()
+        .map(|(at, line)| {
+            format!(
+                "{:+.3} {line}\n",
+                at.duration_since(from).as_secs_f64() - 5.0
+            )
+        })
+        .collect();
+    let dir = out.join("timelines");
+    std::fs::create_dir_all(&dir)?;
+    let file: String = format!("{controller}-{row}")
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    std::fs::write(dir.join(format!("{file}.txt")), text)?;
     Ok(())
 }
 

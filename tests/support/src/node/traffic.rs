@@ -84,6 +84,38 @@ impl Traffic {
     }
 }
 
+/// Waits until `target` answered `count` requests in a row (kube-proxy has
+/// programmed the Service), at most `timeout`.
+pub async fn wait_serving(
+    target: SocketAddr,
+    count: usize,
+    timeout: Duration,
+) -> Result<(), String> {
+    let deadline = Instant::now() + timeout;
+    let mut in_a_row = 0;
+    let mut last = String::new();
+    while in_a_row < count {
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{target} did not answer {count} requests in a row within {timeout:?} (last: {last})"
+            ));
+        }
+        match tokio::time::timeout(REQUEST_TIMEOUT, get(target)).await {
+            Ok(Ok(_)) => in_a_row += 1,
+            Ok(Err(err)) => {
+                in_a_row = 0;
+                last = err;
+            }
+            Err(_) => {
+                in_a_row = 0;
+                last = "timed out".to_string();
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
 /// One `GET /` over a new connection; the body names the pod that served it.
 async fn get(target: SocketAddr) -> Result<String, String> {
     let mut stream = TcpStream::connect(target)
@@ -152,9 +184,16 @@ impl ServiceWatch {
         let moments = Arc::new(Mutex::new(Vec::new()));
         // A moment after every event (a transient state kube-proxy may act
         // on is caught however short), and every 100 ms besides.
+        // Nothing is recorded until both stores hold their first list: a
+        // half-filled store is not a state anybody published.
+        let listed = Arc::new(AtomicBool::new(false));
         let record = {
             let (pods, slices, moments) = (pods.clone(), slices.clone(), moments.clone());
+            let listed = listed.clone();
             move || {
+                if !listed.load(Ordering::Relaxed) {
+                    return;
+                }
                 let moment = Moment {
                     at: Instant::now(),
                     published: published(&slices.state()),
@@ -189,6 +228,7 @@ impl ServiceWatch {
             let _ = slices.wait_until_ready().await;
         })
         .await;
+        listed.store(true, Ordering::Relaxed);
         tasks.push(tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(100));
             loop {
