@@ -10,6 +10,8 @@
 #   make bench         endpoints-guard vs kube-controller-manager (SIZE=S|M|L|XL,
 #                      KIND=endpoints|endpointslices|both, REPEAT=N) → target/bench/
 #   make image-smoke   the runtime image under Docker, as the chart runs it, on the local control plane
+#   make e2e-node      the chart on a real one-node cluster on this host (root; kubelet, containerd,
+#                      kube-proxy), traffic through a Service under every fault → target/e2e-node/
 #   make chart-package helm lint --strict and helm package → target/chart/
 #   make conformance   upstream's e2e specs for the endpoint controllers, kube-controller-manager's
 #                      and endpoints-guard's, on local clusters of KWOK nodes → target/conformance/
@@ -62,6 +64,7 @@ test: fmt-check clippy doc lint-shell controlplane conformance-build
 	$(CARGO) build -p endpoints-guard --bin endpoints-guard
 	EG_BINARY=$(CURDIR)/target/debug/endpoints-guard $(CARGO) run -p eg-testsupport --bin eg-conformance -- --out $(CURDIR)/target/conformance/test
 	EG_SOAK_DURATION=3m $(CARGO) test --workspace -- --test-threads=$(TEST_THREADS)
+	EG_IMAGE_PROFILE=debug bash hack/e2e-node.sh short
 
 # rustdoc of the hardened-watcher crate, warnings as errors.
 doc: toolchain
@@ -124,6 +127,17 @@ deploy-manifests: controlplane
 CHART_DIR ?= target/chart
 chart-package: controlplane
 	bash hack/package-chart.sh $(CHART_DIR)
+
+# A real one-node cluster on this host (docs/e2e-node.md): as root, installs containerd,
+# runc, the CNI plugins and iptables when missing (else skips, exit 0), builds kubelet,
+# kube-scheduler and kube-proxy (make controlplane), the images (hack/node-images.sh),
+# installs the chart and runs every scenario with endpoints-guard and with
+# kube-controller-manager's endpoint controllers; the host is compared before and after.
+# make test runs the short form (one fault row per controller).
+.PHONY: e2e-node
+FORM ?= full
+e2e-node: controlplane
+	bash hack/e2e-node.sh $(FORM)
 
 # kind e2e (needs Docker, kind, kubectl): cluster without the upstream endpoints
 # controller, image built and loaded, chart installed with the watch-chaos sidecar.
