@@ -414,6 +414,7 @@ fn durations_in_values_are_go_durations() -> Result<()> {
         "leaderElection.renewGrace=10s",
         "prometheusRule.enabled=true",
         "prometheusRule.notReadyFor=2m30s",
+        "prometheusRule.resyncStaleAfter=1h30m",
         "serviceMonitor.enabled=true",
         "serviceMonitor.interval=1m30s",
     ])?)?;
@@ -425,10 +426,21 @@ fn durations_in_values_are_go_durations() -> Result<()> {
     assert_eq!(cfg.startup_timeout, Duration::from_millis(500));
     assert_eq!(cfg.leader_election_lease_duration, Duration::from_secs(60));
     cfg.validate().map_err(anyhow::Error::msg)?;
+    // The stale-resync alert compares seconds: 1h30m is 5400.
+    let rule = find(&docs, "PrometheusRule")?;
+    let stale = rule["spec"]["groups"][0]["rules"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .find(|r| r["alert"] == "EndpointsGuardResyncStale")
+        .context("EndpointsGuardResyncStale")?;
+    let expr = stale["expr"].as_str().context("expr")?;
+    assert!(expr.ends_with("> 5400"), "{expr}");
     for bad in [
         "resyncInterval=5 minutes",
         "resyncInterval=1d",
         "startupTimeout=-1s",
+        "prometheusRule.resyncStaleAfter=1200",
     ] {
         assert!(template(&[bad]).is_err(), "{bad} accepted");
     }

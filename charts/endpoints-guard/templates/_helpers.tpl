@@ -85,3 +85,15 @@ or
 {{- define "endpoints-guard.metricsTargetPort" -}}
 {{- if .Values.metrics.secure }}https{{ else }}metrics{{ end }}
 {{- end }}
+
+{{/* Whole seconds of a Go duration (1h30m, 20m, 90s; ms, us and ns add fractions, dropped). */}}
+{{- define "endpoints-guard.seconds" -}}
+{{- $total := 0.0 }}
+{{- range regexFindAll "[0-9]+(\\.[0-9]+)?(ns|us|µs|ms|s|m|h)" . -1 }}
+{{- $unit := regexFind "(ns|us|µs|ms|s|m|h)$" . }}
+{{- $n := float64 (trimSuffix $unit .) }}
+{{- $scale := get (dict "h" 3600.0 "m" 60.0 "s" 1.0 "ms" 0.001 "us" 0.000001 "µs" 0.000001 "ns" 0.000000001) $unit }}
+{{- $total = addf $total (mulf $n $scale) }}
+{{- end }}
+{{- floor $total | int64 }}
+{{- end }}
