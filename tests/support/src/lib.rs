@@ -195,7 +195,10 @@ impl ControlPlane {
             .map_or(etcd_ports.client, |proxy| proxy.listen_port);
 
         let secure_port = free_port()?;
-        let server = format!("https://{}", SocketAddr::new(options.bind_address, secure_port));
+        let server = format!(
+            "https://{}",
+            SocketAddr::new(options.bind_address, secure_port)
+        );
         let kubeconfig_text = kubeconfig::render(
             "eg-admin",
             &server,
@@ -247,7 +250,10 @@ impl ControlPlane {
     /// `https://<bind address>:<port>` (127.0.0.1 unless
     /// [`ControlPlaneOptions::bind_address`] says otherwise).
     pub fn server_url(&self) -> String {
-        format!("https://{}", SocketAddr::new(self.bind_address, self.secure_port))
+        format!(
+            "https://{}",
+            SocketAddr::new(self.bind_address, self.secure_port)
+        )
     }
 
     /// kube-apiserver's secure port.
