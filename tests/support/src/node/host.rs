@@ -302,14 +302,16 @@ pub fn restore(before: &HostSnapshot) -> Vec<String> {
     };
     // Rules first (a chain with references cannot be deleted), then chains.
     if let Ok(now) = iptables_rules() {
-        for line in now.difference(&before.iptables) {
-            let mut parts = line.splitn(3, ' ');
-            let (Some(program), Some(table), Some(rule)) =
-                (parts.next(), parts.next(), parts.next())
-            else {
-                continue;
-            };
-            let program = program.trim_end_matches("-save");
+        // "iptables-save nat -A KUBE-..." → ("iptables", "nat", "-A KUBE-...").
+        let added: Vec<(&str, &str, &str)> = now
+            .difference(&before.iptables)
+            .filter_map(|line| {
+                let mut parts = line.splitn(3, ' ');
+                let program = parts.next()?.trim_end_matches("-save");
+                Some((program, parts.next()?, parts.next()?))
+            })
+            .collect();
+        for (program, table, rule) in &added {
             if let Some(spec) = rule.strip_prefix("-A ") {
                 // iptables-save quotes comments; split_rule takes the quotes off.
                 let words = split_rule(spec);
@@ -321,14 +323,7 @@ pub fn restore(before: &HostSnapshot) -> Vec<String> {
                 );
             }
         }
-        for line in now.difference(&before.iptables) {
-            let mut parts = line.splitn(3, ' ');
-            let (Some(program), Some(table), Some(rule)) =
-                (parts.next(), parts.next(), parts.next())
-            else {
-                continue;
-            };
-            let program = program.trim_end_matches("-save");
+        for (program, table, rule) in &added {
             if let Some(chain) = rule.strip_prefix(':').and_then(|r| r.split(' ').next())
                 && (chain.starts_with("KUBE-") || chain.starts_with("CNI-"))
             {

@@ -221,25 +221,7 @@ impl RealNode {
                             &NODE_IP.to_string(),
                         ],
                     )?;
-                    run(
-                        "iptables",
-                        &[
-                            "-I",
-                            "FORWARD",
-                            "1",
-                            "-i",
-                            BRIDGE,
-                            "!",
-                            "-o",
-                            BRIDGE,
-                            "-m",
-                            "comment",
-                            "--comment",
-                            GUARD_COMMENT,
-                            "-j",
-                            "DROP",
-                        ],
-                    )?;
+                    run("iptables", &guard_rule(&["-I", "FORWARD", "1"]))?;
                     Ok(())
                 };
                 if let Err(err) = setup() {
@@ -610,8 +592,8 @@ fn restore_host(dir: &Path, before: &HostSnapshot) -> Vec<String> {
     {
         problems.push(format!("kube-proxy --cleanup: {err:#}"));
     }
-    while run("iptables", &guard_rule_args("-C")).is_ok() {
-        if let Err(err) = run("iptables", &guard_rule_args("-D")) {
+    while run("iptables", &guard_rule(&["-C", "FORWARD"])).is_ok() {
+        if let Err(err) = run("iptables", &guard_rule(&["-D", "FORWARD"])) {
             problems.push(format!("removing the FORWARD guard rule: {err:#}"));
             break;
         }
@@ -661,10 +643,11 @@ pub fn clean_leftovers() -> Option<Vec<String>> {
     Some(problems)
 }
 
-fn guard_rule_args(op: &str) -> Vec<&str> {
-    vec![
-        op,
-        "FORWARD",
+/// The FORWARD rule that drops pod traffic toward other interfaces, after
+/// `command` (`-I FORWARD 1`, `-C FORWARD`, `-D FORWARD`).
+fn guard_rule<'a>(command: &[&'a str]) -> Vec<&'a str> {
+    let mut args = command.to_vec();
+    args.extend([
         "-i",
         BRIDGE,
         "!",
@@ -676,7 +659,8 @@ fn guard_rule_args(op: &str) -> Vec<&str> {
         GUARD_COMMENT,
         "-j",
         "DROP",
-    ]
+    ]);
+    args
 }
 
 fn host_cgroups(name: &str) -> Vec<PathBuf> {
