@@ -204,24 +204,10 @@ impl ServiceWatch {
                 }
             }
         };
-        let (on_pod, on_slice, on_tick) = (record.clone(), record.clone(), record);
+        let on_tick = record.clone();
         let mut tasks = vec![
-            tokio::spawn(async move {
-                pod_stream
-                    .for_each(|_| {
-                        on_pod();
-                        async {}
-                    })
-                    .await
-            }),
-            tokio::spawn(async move {
-                slice_stream
-                    .for_each(|_| {
-                        on_slice();
-                        async {}
-                    })
-                    .await
-            }),
+            on_each_event(pod_stream, record.clone()),
+            on_each_event(slice_stream, record),
         ];
         let _ = tokio::time::timeout(Duration::from_secs(10), async {
             let _ = pods.wait_until_ready().await;
@@ -266,6 +252,18 @@ impl Drop for ServiceWatch {
             task.abort();
         }
     }
+}
+
+/// Drives a watch `stream` on a task of its own, calling `record` after
+/// each event.
+fn on_each_event<S>(stream: S, record: impl Fn() + Send + 'static) -> JoinHandle<()>
+where
+    S: futures::Stream + Send + 'static,
+{
+    tokio::spawn(stream.for_each(move |_| {
+        record();
+        async {}
+    }))
 }
 
 fn published(slices: &[Arc<EndpointSlice>]) -> BTreeSet<String> {
