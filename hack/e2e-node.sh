@@ -53,6 +53,14 @@ if [ "${#missing[@]}" -gt 0 ]; then
   fi
 fi
 
+# One node at a time: a second run (a conformance run on the node, another
+# checkout's make test) waits for the first instead of finding its kubelet.
+exec 9>/run/eg-e2e-node.lock
+if ! flock -n 9; then
+  log "another real-node run holds /run/eg-e2e-node.lock; waiting for it"
+  flock -w 3600 9 || die "waited an hour for /run/eg-e2e-node.lock"
+fi
+
 for program in kubelet containerd kube-proxy; do
   if pgrep -x "$program" >/dev/null; then
     die "a $program this run did not start is running (pid $(pgrep -x "$program" | tr '\n' ' ')): refusing to touch its node"
