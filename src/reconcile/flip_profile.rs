@@ -188,7 +188,7 @@ fn stage_reconcile(rt: &tokio::runtime::Runtime, ctx: &Context, key: &ObjectKey)
 
 #[inline(never)]
 fn stage_ghost_read(rt: &tokio::runtime::Runtime, ctx: &Context, key: &ObjectKey) {
-    match rt.block_on(live::get_uid::<Pod>(&ctx.client, &(), key)) {
+    match rt.block_on(live::get_meta::<Pod>(&ctx.client, &(), key)) {
         Ok(LiveRead::Found(_)) => {}
         other => panic!("ghost read of {key}: {other:?}"),
     }
@@ -196,7 +196,7 @@ fn stage_ghost_read(rt: &tokio::runtime::Runtime, ctx: &Context, key: &ObjectKey
 
 /// What the ghost scan's answer costs to decode, three ways: a whole Pod
 /// (had the scan read the object), its `ObjectMeta` (the scan before), its
-/// UID only (`live::get_uid`).
+/// UID only (`live::get_meta` reads it and the resourceVersion).
 #[inline(never)]
 fn stage_decode_pod(text: &str) -> usize {
     let pod: Pod = serde_json::from_str(text).unwrap_or_else(|err| panic!("{err}"));

@@ -17,6 +17,16 @@
 //! DELETE merely in flight on the watch arrives long before the second read.
 //! It then leaves the cache as confirmed gone, its Services are queued, and
 //! `endpoints_guard_ghosts_found_total{resource}` counts it.
+//!
+//! The same read also finds a cache that holds an older state of a live
+//! object: etcd's resourceVersion is newer than the cached one. A watch that
+//! lost the MODIFIED events of a graceful deletion (the deletionTimestamp, the
+//! pod turning unready) keeps publishing an address whose server is about to
+//! stop; the resync would find it, but only at its next pass. When the cache
+//! is still behind `CATCH_UP` after the read (an event in flight arrives in
+//! milliseconds), the object is read whole and put into the cache as a live
+//! read, its Services are queued, and
+//! `endpoints_guard_ghosts_found_total{resource}` counts it too.
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
@@ -26,12 +36,23 @@ use k8s_openapi::api::core::v1::{Pod, Service};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
+use super::objects::{CachedService, strip_managed_fields};
 use super::objects::{pod_target_refs, slice_pod_refs};
 use super::{Context, handlers};
-use hardened_watcher::{Cached, LiveRead, ObjectKey, WatchObserver, live, stopped};
+use crate::desired::PodInfo;
+use hardened_watcher::live::LiveMeta;
+use hardened_watcher::rv::compare_rv;
+use hardened_watcher::{
+    Cached, LiveRead, ObjectKey, Outcome, ReadStamp, WatchObserver, Whole, live, stopped,
+};
 
 /// The second read of a suspected ghost.
 const RECHECK_AFTER: Duration = Duration::from_secs(10);
+
+/// How long the watch has to deliver a state the scan found newer in etcd
+/// before the cache is repaired from a read: far longer than an event in
+/// flight takes, far shorter than a server's drain after its pod is deleted.
+const CATCH_UP: Duration = Duration::from_secs(1);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Kind {
@@ -65,28 +86,49 @@ enum Verdict {
     Suspect,
     /// Confirmed: evict.
     Ghost,
+    /// The same incarnation, newer in etcd than in the cache: repair unless
+    /// the watch catches up first.
+    Behind,
 }
 
-/// The rule, pure: `found_uid` is what the read found (`None`: gone),
-/// `cached_uid` what the cache holds now, `second` whether this was the
-/// re-read of a suspect.
+/// What the cache holds of a target now: its UID and resourceVersion.
+type CachedMeta<'a> = Option<(&'a str, &'a str)>;
+
+/// The rule, pure: `found` is what the read found (`None`: gone), `cached`
+/// what the cache holds now, `second` whether this was the re-read of a
+/// suspect.
 fn verdict(
-    found_uid: Option<&str>,
-    cached_uid: Option<&str>,
+    found: Option<&LiveMeta>,
+    cached: CachedMeta<'_>,
     target_uid: &str,
     second: bool,
 ) -> Verdict {
-    if cached_uid != Some(target_uid) {
+    let Some((_, cached_rv)) = cached.filter(|(uid, _)| *uid == target_uid) else {
         // The cache moved on (a DELETE arrived, or another incarnation).
         return Verdict::Fine;
-    }
-    match found_uid {
-        Some(uid) if uid == target_uid => Verdict::Fine,
+    };
+    match found {
+        Some(meta) if meta.uid == target_uid => {
+            match compare_rv(&meta.resource_version, cached_rv) {
+                Some(std::cmp::Ordering::Greater) => Verdict::Behind,
+                // Equal, older (the watch is ahead of the read) or opaque RVs
+                // (nothing to compare: the resync covers them).
+                _ => Verdict::Fine,
+            }
+        }
         // etcd holds another incarnation: the cached one is dead.
         Some(_) => Verdict::Ghost,
         None if second => Verdict::Ghost,
         None => Verdict::Suspect,
     }
+}
+
+/// Whether the cache, holding `cached` now, is still behind the state
+/// `found_rv` a read found for incarnation `uid` (pure).
+fn still_behind(cached: CachedMeta<'_>, uid: &str, found_rv: &str) -> bool {
+    cached.is_some_and(|(cached_uid, cached_rv)| {
+        cached_uid == uid && compare_rv(found_rv, cached_rv) == Some(std::cmp::Ordering::Greater)
+    })
 }
 
 /// The slowest the scan reads while it has targets: however long the period,
@@ -128,6 +170,8 @@ pub async fn run(ctx: Arc<Context>, pace: Pace, mut shutdown: watch::Receiver<bo
     let mut next_read = Instant::now();
     let mut pass: VecDeque<Target> = VecDeque::new();
     let mut suspects: VecDeque<(Instant, Target)> = VecDeque::new();
+    // (when to look again, the target, the resourceVersion etcd had).
+    let mut behind: VecDeque<(Instant, Target, String)> = VecDeque::new();
     let mut pass_started = Instant::now();
     loop {
         tokio::select! {
@@ -137,6 +181,22 @@ pub async fn run(ctx: Arc<Context>, pace: Pace, mut shutdown: watch::Receiver<bo
         // Behind schedule (a slow read): go on from now rather than burst.
         next_read = (next_read + gap).max(Instant::now());
         if !ctx.stores.synced() {
+            continue;
+        }
+        if behind
+            .front()
+            .is_some_and(|(at, _, _)| *at <= Instant::now())
+            && let Some((_, target, found_rv)) = behind.pop_front()
+        {
+            if still_behind(
+                cached_meta(&ctx, &target)
+                    .as_ref()
+                    .map(|(u, r)| (u.as_str(), r.as_str())),
+                &target.uid,
+                &found_rv,
+            ) {
+                repair(&ctx, &target).await;
+            }
             continue;
         }
         let due = suspects
@@ -167,9 +227,12 @@ pub async fn run(ctx: Arc<Context>, pace: Pace, mut shutdown: watch::Receiver<bo
             }
         };
         match check(&ctx, &target, second).await {
-            Verdict::Fine => {}
-            Verdict::Suspect => suspects.push_back((Instant::now() + RECHECK_AFTER, target)),
-            Verdict::Ghost => evict(&ctx, &target),
+            (Verdict::Fine, _) => {}
+            (Verdict::Suspect, _) => suspects.push_back((Instant::now() + RECHECK_AFTER, target)),
+            (Verdict::Ghost, _) => evict(&ctx, &target),
+            (Verdict::Behind, found_rv) => {
+                behind.push_back((Instant::now() + CATCH_UP, target, found_rv));
+            }
         }
     }
 }
@@ -243,34 +306,116 @@ fn targets(ctx: &Context) -> Vec<Target> {
     out
 }
 
-async fn check(ctx: &Context, target: &Target, second: bool) -> Verdict {
-    ctx.metrics.ghost_scan_reads.inc();
-    let read = match target.kind {
-        Kind::Pod => live::get_uid::<Pod>(&ctx.client, &(), &target.key).await,
-        Kind::Service => live::get_uid::<Service>(&ctx.client, &(), &target.key).await,
-    };
-    let found_uid = match read {
-        Ok(LiveRead::Found(uid)) => Some(uid),
-        Ok(LiveRead::Gone) => None,
-        Err(err) => {
-            debug!(object = %target.key, resource = target.kind.resource(), error = %err, "ghost scan: read failed; skipped");
-            return Verdict::Fine;
-        }
-    };
-    let cached_uid = match target.kind {
-        Kind::Pod => ctx.stores.pods.get(&target.key).map(|p| p.uid().to_owned()),
+/// What the cache holds of `target`'s key now: (UID, resourceVersion).
+fn cached_meta(ctx: &Context, target: &Target) -> Option<(String, String)> {
+    let meta = |uid: &str, rv: &str| (uid.to_owned(), rv.to_owned());
+    match target.kind {
+        Kind::Pod => ctx
+            .stores
+            .pods
+            .get(&target.key)
+            .map(|p| meta(p.uid(), p.resource_version())),
         Kind::Service => ctx
             .stores
             .services
             .get(&target.key)
-            .map(|s| s.uid().to_owned()),
+            .map(|s| meta(s.uid(), s.resource_version())),
+    }
+}
+
+/// Reads `target`'s metadata and judges the cache by it; with the verdict,
+/// the resourceVersion the read found (empty when gone or failed).
+async fn check(ctx: &Context, target: &Target, second: bool) -> (Verdict, String) {
+    ctx.metrics.ghost_scan_reads.inc();
+    let read = match target.kind {
+        Kind::Pod => live::get_meta::<Pod>(&ctx.client, &(), &target.key).await,
+        Kind::Service => live::get_meta::<Service>(&ctx.client, &(), &target.key).await,
     };
-    verdict(
-        found_uid.as_deref(),
-        cached_uid.as_deref(),
-        &target.uid,
-        second,
+    let found = match read {
+        Ok(LiveRead::Found(meta)) => Some(meta),
+        Ok(LiveRead::Gone) => None,
+        Err(err) => {
+            debug!(object = %target.key, resource = target.kind.resource(), error = %err, "ghost scan: read failed; skipped");
+            return (Verdict::Fine, String::new());
+        }
+    };
+    let cached = cached_meta(ctx, target);
+    let cached = cached.as_ref().map(|(uid, rv)| (uid.as_str(), rv.as_str()));
+    let judged = verdict(found.as_ref(), cached, &target.uid, second);
+    (
+        judged,
+        found.map(|m| m.resource_version).unwrap_or_default(),
     )
+}
+
+/// The cache still holds an older state of `target` than etcd: reads it
+/// whole and puts it into the cache as a live read (the watch stays the
+/// source of anything newer, see `Store::restore`), then queues its Services.
+async fn repair(ctx: &Arc<Context>, target: &Target) {
+    let resource = target.kind.resource();
+    ctx.metrics.ghost_scan_reads.inc();
+    let stamp = match target.kind {
+        Kind::Pod => ctx.stores.pods.read_stamp(),
+        Kind::Service => ctx.stores.services.read_stamp(),
+    };
+    let repaired = match target.kind {
+        Kind::Pod => repair_pod(ctx, target, &stamp).await,
+        Kind::Service => repair_service(ctx, target, &stamp).await,
+    };
+    match repaired {
+        Ok(true) => {
+            ctx.metrics.ghost(resource);
+            warn!(object = %target.key, resource, "the watch lost an update: the cache held an older state than etcd; repaired from a live read and its Services queued");
+        }
+        Ok(false) => {}
+        Err(err) => {
+            debug!(object = %target.key, resource, error = %err, "ghost scan: repair read failed; the next pass reads it again");
+        }
+    }
+}
+
+/// Whether the pod's read changed the cache (then its Services are queued).
+async fn repair_pod(
+    ctx: &Context,
+    target: &Target,
+    stamp: &ReadStamp,
+) -> Result<bool, kube::Error> {
+    let LiveRead::Found(pod) = live::get::<Pod>(&ctx.client, &(), &target.key).await? else {
+        // Gone meanwhile: the next pass reads it as a suspect.
+        return Ok(false);
+    };
+    let Some(info) = PodInfo::from_pod(&pod).filter(|p| p.uid() == target.uid) else {
+        return Ok(false);
+    };
+    match ctx.stores.pods.restore(info, stamp).outcome {
+        Outcome::Applied(change) => {
+            handlers::on_pod(ctx, &change);
+            Ok(true)
+        }
+        Outcome::Stale(_) | Outcome::Unchanged => Ok(false),
+    }
+}
+
+/// Whether the Service's read changed the cache (then it is queued).
+async fn repair_service(
+    ctx: &Context,
+    target: &Target,
+    stamp: &ReadStamp,
+) -> Result<bool, kube::Error> {
+    let LiveRead::Found(svc) = live::get::<Service>(&ctx.client, &(), &target.key).await? else {
+        return Ok(false);
+    };
+    if svc.metadata.uid.as_deref() != Some(target.uid.as_str()) {
+        return Ok(false);
+    }
+    let cached: CachedService = Whole(strip_managed_fields(svc));
+    match ctx.stores.services.restore(cached, stamp).outcome {
+        Outcome::Applied(change) => {
+            handlers::on_service(ctx, &change);
+            Ok(true)
+        }
+        Outcome::Stale(_) | Outcome::Unchanged => Ok(false),
+    }
 }
 
 fn evict(ctx: &Arc<Context>, target: &Target) {
@@ -327,27 +472,58 @@ mod tests {
     }
 
     #[test]
-    fn a_ghost_takes_two_reads_and_a_cache_that_moved_on_is_fine() {
+    fn a_ghost_takes_two_reads_a_newer_state_is_behind_and_a_cache_that_moved_on_is_fine() {
+        let meta = |uid: &str, rv: &str| LiveMeta {
+            uid: uid.into(),
+            resource_version: rv.into(),
+        };
         let cases = [
             (
-                "found, same incarnation",
-                Some("u1"),
-                Some("u1"),
+                "found, same state",
+                Some(meta("u1", "10")),
+                Some(("u1", "10")),
+                false,
+                Verdict::Fine,
+            ),
+            (
+                "the watch is ahead of the read",
+                Some(meta("u1", "9")),
+                Some(("u1", "10")),
+                false,
+                Verdict::Fine,
+            ),
+            (
+                "etcd holds a newer state",
+                Some(meta("u1", "12")),
+                Some(("u1", "10")),
+                false,
+                Verdict::Behind,
+            ),
+            (
+                "opaque resourceVersions",
+                Some(meta("u1", "x")),
+                Some(("u1", "10")),
                 false,
                 Verdict::Fine,
             ),
             (
                 "gone once: suspect",
                 None,
-                Some("u1"),
+                Some(("u1", "10")),
                 false,
                 Verdict::Suspect,
             ),
-            ("gone twice: ghost", None, Some("u1"), true, Verdict::Ghost),
+            (
+                "gone twice: ghost",
+                None,
+                Some(("u1", "10")),
+                true,
+                Verdict::Ghost,
+            ),
             (
                 "another incarnation in etcd",
-                Some("u2"),
-                Some("u1"),
+                Some(meta("u2", "3")),
+                Some(("u1", "10")),
                 false,
                 Verdict::Ghost,
             ),
@@ -361,13 +537,29 @@ mod tests {
             (
                 "the cache holds a newer incarnation",
                 None,
-                Some("u2"),
+                Some(("u2", "11")),
                 true,
                 Verdict::Fine,
             ),
         ];
         for (case, found, cached, second, want) in cases {
-            assert_eq!(verdict(found, cached, "u1", second), want, "{case}");
+            assert_eq!(
+                verdict(found.as_ref(), cached, "u1", second),
+                want,
+                "{case}"
+            );
         }
+    }
+
+    #[test]
+    fn a_cache_that_caught_up_or_moved_on_needs_no_repair() {
+        assert!(still_behind(Some(("u1", "10")), "u1", "12"), "still behind");
+        assert!(!still_behind(Some(("u1", "12")), "u1", "12"), "caught up");
+        assert!(!still_behind(Some(("u1", "13")), "u1", "12"), "ahead");
+        assert!(
+            !still_behind(Some(("u2", "1")), "u1", "12"),
+            "another incarnation"
+        );
+        assert!(!still_behind(None, "u1", "12"), "deleted meanwhile");
     }
 }

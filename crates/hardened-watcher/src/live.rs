@@ -72,17 +72,27 @@ where
     )
 }
 
+/// What a metadata read found of one object: enough to tell whether the
+/// incarnation a cache holds still exists, and whether the cache holds its
+/// latest state.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LiveMeta {
+    /// The object's UID (empty when it has none).
+    pub uid: String,
+    /// Its resourceVersion in etcd now (empty when it has none).
+    pub resource_version: String,
+}
+
 /// GETs only the metadata of `key` of `K` (a read from etcd, but only
-/// metadata crosses the wire to us) and reads only its UID: all the ghost
-/// scan compares, and enough to tell whether that incarnation still exists. The answer's other fields (labels,
-/// annotations, managedFields) are skipped by the parser without being
-/// built, which is most of the CPU of a metadata read (docs/cpu-profile.md).
-/// `Found("")` when the object has no UID.
-pub async fn get_uid<K>(
+/// metadata crosses the wire to us) and reads only its UID and
+/// resourceVersion. The answer's other fields (labels, annotations,
+/// managedFields) are skipped by the parser without being built, which is
+/// most of the CPU of a metadata read (docs/cpu-profile.md).
+pub async fn get_meta<K>(
     client: &kube::Client,
     dyntype: &K::DynamicType,
     key: &ObjectKey,
-) -> Result<LiveRead<String>, kube::Error>
+) -> Result<LiveRead<LiveMeta>, kube::Error>
 where
     K: kube::Resource,
 {
@@ -93,23 +103,34 @@ where
         .map_err(kube::Error::BuildRequest)?;
     req.extensions_mut().insert("get_metadata");
     let answer = client
-        .request::<UidOnly>(req)
+        .request::<MetaOnly>(req)
         .await
-        .map(|only| only.metadata.uid.unwrap_or_default());
+        .map(MetaOnly::into_live);
     classify(answer, &key.name, &K::plural(dyntype))
 }
 
-/// An object reduced to its UID; every other field is skipped unbuilt.
+/// An object reduced to its UID and resourceVersion; every other field is
+/// skipped unbuilt.
 #[derive(serde::Deserialize)]
-struct UidOnly {
+struct MetaOnly {
     #[serde(default)]
-    metadata: UidMeta,
+    metadata: MetaFields,
 }
 
 #[derive(Default, serde::Deserialize)]
-struct UidMeta {
-    #[serde(default)]
+#[serde(rename_all = "camelCase")]
+struct MetaFields {
     uid: Option<String>,
+    resource_version: Option<String>,
+}
+
+impl MetaOnly {
+    fn into_live(self) -> LiveMeta {
+        LiveMeta {
+            uid: self.metadata.uid.unwrap_or_default(),
+            resource_version: self.metadata.resource_version.unwrap_or_default(),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -184,22 +205,27 @@ mod tests {
     }
 
     #[test]
-    fn uid_only_reads_the_uid_and_skips_the_rest() {
+    fn a_metadata_read_keeps_the_uid_and_resource_version_and_skips_the_rest() {
         let partial = serde_json::json!({
             "kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
-            "metadata": {"name": "web", "uid": "u1", "labels": {"a": "b"},
+            "metadata": {"name": "web", "uid": "u1", "resourceVersion": "42", "labels": {"a": "b"},
                          "managedFields": [{"manager": "m", "fieldsV1": {"f:spec": {}}}]},
         });
-        let only: UidOnly = match serde_json::from_value(partial) {
+        let only: MetaOnly = match serde_json::from_value(partial) {
             Ok(only) => only,
             Err(err) => panic!("decode: {err}"),
         };
-        assert_eq!(only.metadata.uid.as_deref(), Some("u1"));
-        let bare: UidOnly = match serde_json::from_str(r#"{"metadata":{"uid":null}}"#) {
-            Ok(only) => only,
-            Err(err) => panic!("decode: {err}"),
+        let want = LiveMeta {
+            uid: "u1".into(),
+            resource_version: "42".into(),
         };
-        assert_eq!(bare.metadata.uid, None);
+        assert_eq!(only.into_live(), want);
+        let bare: MetaOnly =
+            match serde_json::from_str(r#"{"metadata":{"uid":null,"resourceVersion":null}}"#) {
+                Ok(only) => only,
+                Err(err) => panic!("decode: {err}"),
+            };
+        assert_eq!(bare.into_live(), LiveMeta::default());
     }
 
     #[test]
