@@ -3,8 +3,9 @@
 writes and `ctr images import` reads) from a root file system folder, so that
 images can be made and imported where none can be pulled.
 
-    image-archive.py --rootfs DIR --tag NAME:TAG --out FILE.tar
-                     [--entrypoint JSON-LIST] [--user UID:GID] [--env K=V ...]
+    image-archive.py --rootfs DIR --tag NAME:TAG [--tag NAME:TAG ...] --out FILE.tar
+                     [--entrypoint JSON-LIST] [--cmd JSON-LIST] [--user UID:GID]
+                     [--env K=V ...]
 
 Files are owned by root in the layer and keep their modes; timestamps are
 zero, so the same folder gives the same image ID."""
@@ -48,20 +49,23 @@ def add_bytes(tar, name, data):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rootfs", required=True)
-    parser.add_argument("--tag", required=True)
+    parser.add_argument("--tag", required=True, action="append")
     parser.add_argument("--out", required=True)
     parser.add_argument("--entrypoint", default="[]", help="a JSON list")
+    parser.add_argument("--cmd", default="[]", help="a JSON list")
     parser.add_argument("--user", default="")
     parser.add_argument("--env", action="append", default=[])
     args = parser.parse_args()
     if not os.path.isdir(args.rootfs):
         sys.exit(f"image-archive.py: --rootfs {args.rootfs} is not a folder")
-    if ":" not in args.tag.rsplit("/", 1)[-1]:
-        sys.exit(f"image-archive.py: --tag {args.tag} must be NAME:TAG")
+    for tag in args.tag:
+        if ":" not in tag.rsplit("/", 1)[-1]:
+            sys.exit(f"image-archive.py: --tag {tag} must be NAME:TAG")
     try:
         entrypoint = json.loads(args.entrypoint)
+        cmd = json.loads(args.cmd)
     except json.JSONDecodeError as err:
-        sys.exit(f"image-archive.py: --entrypoint is not JSON: {err}")
+        sys.exit(f"image-archive.py: --entrypoint or --cmd is not JSON: {err}")
 
     layer = layer_bytes(args.rootfs)
     diff_id = "sha256:" + hashlib.sha256(layer).hexdigest()
@@ -70,6 +74,7 @@ def main():
         "os": "linux",
         "config": {
             "Entrypoint": entrypoint,
+            "Cmd": cmd,
             "User": args.user,
             "Env": ["PATH=/usr/local/bin:/usr/bin:/bin"] + args.env,
         },
@@ -79,7 +84,7 @@ def main():
     config_bytes = json.dumps(config, sort_keys=True).encode()
     config_name = hashlib.sha256(config_bytes).hexdigest() + ".json"
     layer_name = diff_id.split(":", 1)[1] + "/layer.tar"
-    manifest = [{"Config": config_name, "RepoTags": [args.tag], "Layers": [layer_name]}]
+    manifest = [{"Config": config_name, "RepoTags": args.tag, "Layers": [layer_name]}]
 
     tmp = args.out + ".tmp"
     with tarfile.open(tmp, mode="w") as tar:
@@ -87,7 +92,7 @@ def main():
         add_bytes(tar, layer_name, layer)
         add_bytes(tar, "manifest.json", json.dumps(manifest).encode())
     os.replace(tmp, args.out)
-    print(f"{args.out}: {args.tag}, layer {len(layer)} bytes, {diff_id[:19]}")
+    print(f"{args.out}: {', '.join(args.tag)}, layer {len(layer)} bytes, {diff_id[:19]}")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,9 @@
 #                         tests/controlplane/kubernetes
 #   bin/kwok              KWOK (sigs.k8s.io/kwok, kwok/): fake nodes and pod lifecycles
 #   kwok-stages.yaml      KWOK's own node and pod stages, read from its module
+#   bin/agnhost           upstream's test image program (agnhost/, the same pins as
+#                         e2e/), for the real-node specs' image
+#                         (hack/conformance-images.sh)
 # A binary newer than its module files is reused. kube-scheduler comes from
 # `make controlplane`.
 set -euo pipefail
@@ -51,6 +54,13 @@ if fresh "$kwok" "$here/kwok/go.mod" "$here/kwok/go.sum"; then
   echo "conformance: kwok: reusing $kwok"
 else
   timed kwok bash -c "cd '$here/kwok' && go build -trimpath -buildvcs=false -ldflags='-s -w' -o '$kwok.tmp' sigs.k8s.io/kwok/cmd/kwok && mv '$kwok.tmp' '$kwok'"
+fi
+
+agnhost="$out/bin/agnhost"
+if fresh "$agnhost" "$here/agnhost/go.mod" "$here/agnhost/go.sum"; then
+  echo "conformance: agnhost: reusing $agnhost"
+else
+  timed agnhost bash -c "cd '$here/agnhost' && go build -trimpath -buildvcs=false -ldflags='-s -w' -o '$agnhost.tmp' k8s.io/kubernetes/test/images/agnhost && mv '$agnhost.tmp' '$agnhost'"
 fi
 
 # KWOK's stages as its kustomizations list them: nodes become Ready at once and

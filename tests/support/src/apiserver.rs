@@ -54,6 +54,16 @@ pub(crate) fn apiserver_args(
         // with the token the ServiceAccount admission plugin mounts (the
         // real node's kube-controller-manager creates the accounts).
         args.push("--endpoint-reconciler-type=lease".to_string());
+        // A real node's kubelet on the same address: exec and container logs
+        // go through it, each side checking the other against the one CA.
+        args.extend([
+            format!(
+                "--kubelet-client-certificate={}",
+                path(&pki.kubelet_client_cert)
+            ),
+            format!("--kubelet-client-key={}", path(&pki.kubelet_client_key)),
+            format!("--kubelet-certificate-authority={}", path(&pki.ca_cert)),
+        ]);
     }
     if let Some(interval) = options.etcd_compaction_interval {
         args.push(format!(

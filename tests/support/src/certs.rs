@@ -1,7 +1,9 @@
 //! Certificates and keys for kube-apiserver, made with rcgen: one CA that
 //! signs both the serving certificate (IP 127.0.0.1, DNS localhost) and the
 //! admin client certificate (O=system:masters), plus the ECDSA P-256 key pair
-//! that signs ServiceAccount tokens.
+//! that signs ServiceAccount tokens. For a real node it also signs the
+//! kubelet's serving certificate and kube-apiserver's client certificate
+//! toward the kubelet (exec, container logs, port-forward).
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
@@ -18,6 +20,9 @@ pub const KUBERNETES_SERVICE_IP: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 96, 0, 1)
 
 /// Common name of the admin client certificate.
 pub const ADMIN_USER: &str = "eg-admin";
+
+/// Common name of kube-apiserver's client certificate toward kubelets.
+pub const KUBELET_CLIENT_USER: &str = "kube-apiserver-kubelet-client";
 
 /// The files of the control plane's PKI, all in one folder.
 #[derive(Debug, Clone)]
@@ -38,6 +43,19 @@ pub struct Pki {
     pub sa_public_key: PathBuf,
     /// `sa.key`: signs ServiceAccount tokens.
     pub sa_private_key: PathBuf,
+    /// `kubelet-client.crt` / `kubelet-client.key`: kube-apiserver's client
+    /// pair toward kubelets (`--kubelet-client-certificate`), CN
+    /// kube-apiserver-kubelet-client, O=system:masters, so a kubelet with
+    /// webhook authorization lets it exec and read logs.
+    pub kubelet_client_cert: PathBuf,
+    /// See `kubelet_client_cert`.
+    pub kubelet_client_key: PathBuf,
+    /// `kubelet.crt` / `kubelet.key`: a kubelet's serving pair on the same
+    /// address as kube-apiserver (the real node), which kube-apiserver
+    /// verifies against `ca.crt` (`--kubelet-certificate-authority`).
+    pub kubelet_serving_cert: PathBuf,
+    /// See `kubelet_serving_cert`.
+    pub kubelet_serving_key: PathBuf,
 }
 
 impl Pki {
@@ -110,6 +128,35 @@ impl Pki {
             .signed_by(&admin_key, &ca)
             .context("signing the admin client certificate")?;
 
+        let kubelet_client_key =
+            KeyPair::generate().context("generating the kubelet client key")?;
+        let mut kubelet_client = CertificateParams::default();
+        kubelet_client.distinguished_name = name(KUBELET_CLIENT_USER, Some("system:masters"));
+        kubelet_client.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        kubelet_client.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        kubelet_client.use_authority_key_identifier_extension = true;
+        let kubelet_client_cert = kubelet_client
+            .signed_by(&kubelet_client_key, &ca)
+            .context("signing the kubelet client certificate")?;
+
+        let kubelet_serving_key =
+            KeyPair::generate().context("generating the kubelet serving key")?;
+        let mut kubelet_serving = CertificateParams::default();
+        kubelet_serving.distinguished_name = name("kubelet", None);
+        kubelet_serving.subject_alt_names = vec![SanType::IpAddress(address)];
+        kubelet_serving.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        kubelet_serving.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        kubelet_serving.use_authority_key_identifier_extension = true;
+        let kubelet_serving_cert = kubelet_serving
+            .signed_by(&kubelet_serving_key, &ca)
+            .context("signing the kubelet serving certificate")?;
+
         // ECDSA P-256 (rcgen's default algorithm): kube-apiserver accepts it
         // for --service-account-signing-key-file and signs tokens with ES256.
         let sa_key = KeyPair::generate().context("generating the ServiceAccount key")?;
@@ -123,6 +170,10 @@ impl Pki {
             admin_key: dir.join("admin.key"),
             sa_public_key: dir.join("sa.pub"),
             sa_private_key: dir.join("sa.key"),
+            kubelet_client_cert: dir.join("kubelet-client.crt"),
+            kubelet_client_key: dir.join("kubelet-client.key"),
+            kubelet_serving_cert: dir.join("kubelet.crt"),
+            kubelet_serving_key: dir.join("kubelet.key"),
         };
         write(&pki.ca_cert, &pki.ca_pem)?;
         write(&pki.serving_cert, &serving_cert.pem())?;
@@ -131,6 +182,13 @@ impl Pki {
         write(&pki.admin_key, &admin_key.serialize_pem())?;
         write(&pki.sa_public_key, &sa_key.public_key_pem())?;
         write(&pki.sa_private_key, &sa_key.serialize_pem())?;
+        write(&pki.kubelet_client_cert, &kubelet_client_cert.pem())?;
+        write(&pki.kubelet_client_key, &kubelet_client_key.serialize_pem())?;
+        write(&pki.kubelet_serving_cert, &kubelet_serving_cert.pem())?;
+        write(
+            &pki.kubelet_serving_key,
+            &kubelet_serving_key.serialize_pem(),
+        )?;
         Ok(pki)
     }
 }

@@ -66,7 +66,9 @@ pub const FAKE_NODE_SPECS: [Spec; 9] = [
 ];
 
 /// Specs of the same suite that exercise these controllers but need a real
-/// node, and why: listed in `docs/conformance.md`, not run here.
+/// node (exec into a container, container logs, traffic through kube-proxy,
+/// Service names resolved, readiness from a kubelet's probes), and why: run
+/// on the real one-node cluster of [`crate::node`] where it can run.
 pub const REAL_NODE_SPECS: [Spec; 11] = [
     Spec {
         name: "[sig-network] Services should serve a basic endpoint from pods [Conformance]",
@@ -113,6 +115,11 @@ pub const REAL_NODE_SPECS: [Spec; 11] = [
         why: "checks reachability from a host-exec pod (kube-proxy)",
     },
 ];
+
+/// Whether `spec` (our name) is one of [`REAL_NODE_SPECS`].
+pub fn needs_real_node(spec: &str) -> bool {
+    REAL_NODE_SPECS.iter().any(|s| s.name == spec)
+}
 
 /// One column's verdict on a spec.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -321,14 +328,15 @@ pub fn verdict(rows: &[Row], upstream_ran: bool, guard_ran: bool) -> Vec<String>
     problems
 }
 
-/// `report.json`: `specs` (one object per spec: `spec`, `upstream`,
-/// `endpoints_guard`, `seconds`) and the run's context.
+/// `report.json`: `specs` (one object per spec: `spec`, `node` (`fake` or
+/// `real`), `upstream`, `endpoints_guard`, `seconds`) and the run's context.
 pub fn report_json(rows: &[Row], context: Value) -> Value {
     let specs: Vec<Value> = rows
         .iter()
         .map(|row| {
             json!({
                 "spec": row.spec,
+                "node": if needs_real_node(&row.spec) { "real" } else { "fake" },
                 "upstream": row.upstream_outcome().as_str(),
                 "endpoints_guard": row.guard_outcome().as_str(),
                 "seconds": (row.seconds() * 10.0).round() / 10.0,
@@ -341,12 +349,17 @@ pub fn report_json(rows: &[Row], context: Value) -> Value {
 /// `report.md`: the table, then the failure messages.
 pub fn report_markdown(rows: &[Row], header: &str) -> String {
     let mut out = format!("{header}\n\n");
-    out.push_str("| spec | kube-controller-manager | endpoints-guard | seconds |\n");
-    out.push_str("| --- | --- | --- | ---: |\n");
+    out.push_str("| spec | node | kube-controller-manager | endpoints-guard | seconds |\n");
+    out.push_str("| --- | --- | --- | --- | ---: |\n");
     for row in rows {
         out.push_str(&format!(
-            "| `{}` | {} | {} | {:.1} |\n",
+            "| `{}` | {} | {} | {} | {:.1} |\n",
             row.spec,
+            if needs_real_node(&row.spec) {
+                "real"
+            } else {
+                "KWOK"
+            },
             row.upstream_outcome().as_str(),
             row.guard_outcome().as_str(),
             row.seconds()
@@ -499,12 +512,16 @@ mod tests {
         let rows = rows(specs, Some(&up), None);
         let json = report_json(&rows, json!({"commit": "abc"}));
         assert_eq!(json["specs"][0]["upstream"], "pass");
+        assert_eq!(json["specs"][0]["node"], "fake");
         assert_eq!(json["specs"][0]["endpoints_guard"], "skip");
         assert_eq!(json["specs"][1]["upstream"], "fail");
         assert_eq!(json["specs"][1]["seconds"], 3.0);
         assert_eq!(json["context"]["commit"], "abc");
         let md = report_markdown(&rows, "# Report");
-        assert!(md.contains("| pass | skip | 3.0 |"), "{md}");
+        assert!(md.contains("| KWOK | pass | skip | 3.0 |"), "{md}");
+        let real = super::rows(&REAL_NODE_SPECS[..1], Some(&up), None);
+        assert_eq!(report_json(&real, json!({}))["specs"][0]["node"], "real");
+        assert!(report_markdown(&real, "#").contains("| real | skip | skip |"));
         assert!(md.contains("- kube-controller-manager, `"), "{md}");
     }
 }

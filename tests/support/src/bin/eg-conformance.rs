@@ -14,14 +14,24 @@
 //! - kube-scheduler; KWOK (`target/conformance/bin/kwok`) playing two nodes,
 //!   each pod getting an IP of its node's podCIDR.
 //!
-//! Writes `target/conformance/report.json`, `report.md`, and per column the
-//! JUnit file, ginkgo's JSON report and every program's log. Exits non-zero
-//! when endpoints-guard does not pass a spec that kube-controller-manager
-//! passes, or when a spec is run by neither column.
+//! Then the specs that need a real node ([`REAL_NODE_SPECS`]: exec, container
+//! logs, traffic, Service names, probes), the same two columns on the real
+//! one-node cluster of `eg_testsupport::node` (kubelet, containerd,
+//! kube-proxy, the node's cluster DNS), one fresh node per column, holding
+//! `/run/eg-e2e-node.lock` as `make e2e-node` does; the images are
+//! `target/conformance/images/` (`hack/conformance-node.sh`). Where no real
+//! node can run (not root, packages or images missing) those rows are
+//! skipped and the reason is in the report's context.
 //!
-//! Usage: `eg-conformance [--only upstream|endpoints-guard] [--out DIR]`.
-//! `EG_BINARY` names the endpoints-guard binary (default
-//! `target/release/endpoints-guard`).
+//! Writes `target/conformance/report.json`, `report.md`, and per column the
+//! JUnit file, ginkgo's JSON report and every program's log (`real-node/`
+//! for the real node). Exits non-zero when endpoints-guard does not pass a
+//! spec that kube-controller-manager passes, when a spec is run by neither
+//! column, or when a real node left the host changed.
+//!
+//! Usage: `eg-conformance [--only upstream|endpoints-guard] [--nodes
+//! fake|real|all] [--out DIR]` (default all). `EG_BINARY` names the
+//! endpoints-guard binary (default `target/release/endpoints-guard`).
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, UdpSocket};
@@ -32,10 +42,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use eg_testsupport::binaries::{self, workspace_root};
 use eg_testsupport::conformance::{
-    FAKE_NODE_SPECS, Outcome, SpecResult, focus, read_ginkgo_report, report_json, report_markdown,
-    rows, verdict,
+    FAKE_NODE_SPECS, Outcome, REAL_NODE_SPECS, Row, Spec, SpecResult, focus, read_ginkgo_report,
+    report_json, report_markdown, rows, verdict,
 };
 use eg_testsupport::loopback;
+use eg_testsupport::node::{self, NodeImages, NodeOptions, RealNode};
 use eg_testsupport::process::{Process, free_port};
 use eg_testsupport::{ControlPlane, ControlPlaneOptions};
 use k8s_openapi::api::core::v1::Node;
@@ -295,27 +306,26 @@ async fn start_cluster(column: Column, paths: &Paths, advertise: IpAddr) -> Resu
     })
 }
 
-/// Runs the suite against one fresh cluster; the results by spec name.
-async fn run_column(
-    column: Column,
-    paths: &Paths,
-    advertise: IpAddr,
-) -> Result<BTreeMap<String, SpecResult>> {
-    let dir = paths.out.join(column.dir_name());
+fn fresh_dir(dir: &Path) -> Result<()> {
     if dir.exists() {
-        std::fs::remove_dir_all(&dir).with_context(|| format!("clearing {}", dir.display()))?;
+        std::fs::remove_dir_all(dir).with_context(|| format!("clearing {}", dir.display()))?;
     }
-    std::fs::create_dir_all(&dir)?;
-    let started = Instant::now();
-    let cluster = start_cluster(column, paths, advertise).await?;
-    eprintln!(
-        "conformance: {}: cluster up in {:.1} s",
-        column.dir_name(),
-        started.elapsed().as_secs_f64()
-    );
+    std::fs::create_dir_all(dir)?;
+    Ok(())
+}
+
+/// Runs `specs` of the suite against the cluster of `kubeconfig`, reports
+/// into `dir`; the results by spec name.
+async fn run_suite(
+    what: &str,
+    paths: &Paths,
+    kubeconfig: &Path,
+    dir: &Path,
+    specs: &[Spec],
+) -> Result<BTreeMap<String, SpecResult>> {
     let json_report = dir.join("ginkgo.json");
     let mut args = vec![
-        format!("--kubeconfig={}", cluster.cp.kubeconfig_path().display()),
+        format!("--kubeconfig={}", kubeconfig.display()),
         "--provider=skeleton".into(),
         "--allowed-not-ready-nodes=-1".into(),
         "--minStartupPods=-1".into(),
@@ -325,24 +335,16 @@ async fn run_column(
         "--ginkgo.timeout=40m".into(),
         "--disable-log-dump".into(),
     ];
-    args.extend(
-        FAKE_NODE_SPECS
-            .iter()
-            .map(|s| format!("--ginkgo.focus={}", focus(s))),
-    );
+    args.extend(specs.iter().map(|s| format!("--ginkgo.focus={}", focus(s))));
     let suite_start = Instant::now();
     let mut e2e = Process::spawn("e2e", &paths.e2e, &args, &dir.join("e2e.log"))?;
     while e2e.ensure_running().is_ok() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     eprintln!(
-        "conformance: {}: suite ran in {:.1} s",
-        column.dir_name(),
+        "conformance: {what}: suite ran in {:.1} s",
         suite_start.elapsed().as_secs_f64()
     );
-    let copied = copy_logs(cluster.cp.log_dir(), &dir.join("logs"));
-    drop(cluster);
-    copied?;
     let text = std::fs::read_to_string(&json_report).with_context(|| {
         format!(
             "reading {} (the suite's log: {})",
@@ -350,7 +352,162 @@ async fn run_column(
             dir.join("e2e.log").display()
         )
     })?;
-    read_ginkgo_report(&text, &FAKE_NODE_SPECS)
+    read_ginkgo_report(&text, specs)
+}
+
+/// Runs the fake-node specs against one fresh cluster; the results by spec
+/// name.
+async fn run_column(
+    column: Column,
+    paths: &Paths,
+    advertise: IpAddr,
+) -> Result<BTreeMap<String, SpecResult>> {
+    let dir = paths.out.join(column.dir_name());
+    fresh_dir(&dir)?;
+    let started = Instant::now();
+    let cluster = start_cluster(column, paths, advertise).await?;
+    eprintln!(
+        "conformance: {}: cluster up in {:.1} s",
+        column.dir_name(),
+        started.elapsed().as_secs_f64()
+    );
+    let results = run_suite(
+        column.dir_name(),
+        paths,
+        cluster.cp.kubeconfig_path(),
+        &dir,
+        &FAKE_NODE_SPECS,
+    )
+    .await;
+    let copied = copy_logs(cluster.cp.log_dir(), &dir.join("logs"));
+    drop(cluster);
+    copied?;
+    results
+}
+
+/// The lock every real-node run on this host holds (`hack/e2e-node.sh`
+/// takes it too): one node at a time, as they share cni0 and ports.
+const NODE_LOCK: &str = "/run/eg-e2e-node.lock";
+
+/// Holds [`NODE_LOCK`] (flock(2)) until dropped: closing the file releases
+/// it.
+struct NodeLock {
+    _file: std::fs::File,
+}
+
+impl NodeLock {
+    async fn take() -> Result<Self> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(NODE_LOCK)
+            .with_context(|| format!("opening {NODE_LOCK}"))?;
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
+        let started = Instant::now();
+        let mut said = false;
+        // Non-blocking attempts, so the wait is on the runtime and is logged.
+        // SAFETY: flock(2) on a descriptor this function owns.
+        while unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            if !said {
+                eprintln!("conformance: another real-node run holds {NODE_LOCK}; waiting for it");
+                said = true;
+            }
+            if started.elapsed() > Duration::from_secs(3600) {
+                bail!("waited an hour for {NODE_LOCK}");
+            }
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+        Ok(Self { _file: file })
+    }
+}
+
+/// Why the real-node specs cannot run here, if they cannot.
+fn real_node_unavailable(images: &NodeImages) -> Option<String> {
+    if let Some(why) = node::unavailable() {
+        return Some(why);
+    }
+    ["agnhost.tar", "pause.tar"]
+        .iter()
+        .find(|f| !images.dir.join(f).exists())
+        .map(|f| {
+            format!(
+                "{} is missing: build the images with `bash hack/conformance-node.sh` (make conformance does)",
+                images.dir.join(f).display()
+            )
+        })
+}
+
+/// Runs the real-node specs against one fresh real node; the results by
+/// spec name. The node is taken down before it returns, and a host left
+/// changed is an error.
+async fn run_real_column(
+    column: Column,
+    paths: &Paths,
+    images: &NodeImages,
+) -> Result<BTreeMap<String, SpecResult>> {
+    let what = format!("real node, {}", column.dir_name());
+    let dir = paths.out.join("real-node").join(column.dir_name());
+    fresh_dir(&dir)?;
+    let work = tempfile::Builder::new()
+        .prefix("eg-conformance-node-")
+        .tempdir()?;
+    let started = Instant::now();
+    let options = NodeOptions {
+        controllers: column.kcm_controllers().to_string(),
+        cluster_dns: true,
+    };
+    let mut node = RealNode::start_with(work.path(), images, options).await?;
+    node.copy_logs_on_stop(dir.join("logs"));
+    eprintln!(
+        "conformance: {what}: node Ready in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let kubeconfig = node.cp.kubeconfig_path().to_path_buf();
+    let logs = node.cp.log_dir().to_path_buf();
+    let guard = if column == Column::Guard {
+        match start_guard(
+            paths,
+            format!("--kubeconfig={}", kubeconfig.display()),
+            &logs,
+        )
+        .await
+        {
+            Ok(guard) => Some(guard),
+            Err(err) => {
+                let teardown = node.stop().await;
+                return Err(err.context(format!("host after clean-up: {:?}", teardown.differences)));
+            }
+        }
+    } else {
+        None
+    };
+    let results = run_suite(&what, paths, &kubeconfig, &dir, &REAL_NODE_SPECS).await;
+    if let Some(mut guard) = guard {
+        let _ = guard.stop().await;
+    }
+    let teardown = node.stop().await;
+    std::fs::write(
+        dir.join("teardown.json"),
+        serde_json::to_string_pretty(&teardown)?,
+    )?;
+    eprintln!(
+        "conformance: {what}: {:.1} s in all, host {}",
+        started.elapsed().as_secs_f64(),
+        if teardown.host_clean() {
+            "as it was"
+        } else {
+            "changed"
+        }
+    );
+    if !teardown.host_clean() {
+        bail!(
+            "the real node left the host changed: {:?} (clean-up problems: {:?})",
+            teardown.differences,
+            teardown.cleanup_problems
+        );
+    }
+    results
 }
 
 fn copy_logs(from: &Path, to: &Path) -> Result<()> {
@@ -375,9 +532,31 @@ fn command_output(program: &str, args: &[&str], dir: &Path) -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
+/// Which specs a run covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Nodes {
+    Fake,
+    Real,
+    All,
+}
+
+impl Nodes {
+    fn fake(self) -> bool {
+        self != Nodes::Real
+    }
+
+    fn real(self) -> bool {
+        self != Nodes::Fake
+    }
+}
+
+const USAGE: &str =
+    "eg-conformance [--only upstream|endpoints-guard] [--nodes fake|real|all] [--out DIR]";
+
 #[tokio::main]
 async fn main() -> Result<()> {
     let mut only = None;
+    let mut nodes = Nodes::All;
     let mut out = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -389,10 +568,16 @@ async fn main() -> Result<()> {
                     other => bail!("--only upstream|endpoints-guard, not {other:?}"),
                 })
             }
+            "--nodes" => {
+                nodes = match args.next().as_deref() {
+                    Some("fake") => Nodes::Fake,
+                    Some("real") => Nodes::Real,
+                    Some("all") => Nodes::All,
+                    other => bail!("--nodes fake|real|all, not {other:?}"),
+                }
+            }
             "--out" => out = args.next().map(PathBuf::from),
-            other => bail!(
-                "unknown argument {other:?} (usage: eg-conformance [--only upstream|endpoints-guard] [--out DIR])"
-            ),
+            other => bail!("unknown argument {other:?} (usage: {USAGE})"),
         }
     }
     let root = workspace_root()?;
@@ -403,46 +588,105 @@ async fn main() -> Result<()> {
         None => vec![Column::Upstream, Column::Guard],
     };
     let paths = Paths::locate(out.clone(), columns.contains(&Column::Guard))?;
-    let (advertise, dummy) = advertise_address()?;
-    eprintln!(
-        "conformance: kube-apiserver advertises {advertise}{}",
-        if dummy.is_some() {
-            " (dummy interface)"
-        } else {
-            ""
-        }
-    );
     let started = Instant::now();
-    let mut results = BTreeMap::new();
-    for column in &columns {
-        results.insert(
-            column.dir_name(),
-            run_column(*column, &paths, advertise).await?,
+    let mut results: BTreeMap<&str, BTreeMap<String, SpecResult>> = BTreeMap::new();
+    let mut context = json!({"kubernetes": "v1.36.3"});
+
+    if nodes.fake() {
+        let (advertise, dummy) = advertise_address()?;
+        eprintln!(
+            "conformance: kube-apiserver advertises {advertise}{}",
+            if dummy.is_some() {
+                " (dummy interface)"
+            } else {
+                ""
+            }
         );
+        let fake_started = Instant::now();
+        for column in &columns {
+            let found = run_column(*column, &paths, advertise).await?;
+            results.entry(column.dir_name()).or_default().extend(found);
+        }
+        drop(dummy);
+        context["fake_nodes"] = json!({
+            "nodes": "KWOK", "advertise_address": advertise.to_string(),
+            "seconds": fake_started.elapsed().as_secs_f64().round(),
+        });
     }
-    drop(dummy);
+
+    let mut real_ran = false;
+    if !nodes.real() {
+        context["real_node"] = json!({"skipped": "not asked for (--nodes fake)"});
+    } else {
+        let images = NodeImages {
+            dir: root.join("target/conformance/images"),
+        };
+        let real_started = Instant::now();
+        // The lock first: another run's kubelet is not a reason to skip.
+        let lock = NodeLock::take().await?;
+        match real_node_unavailable(&images) {
+            Some(why) => {
+                eprintln!("conformance: real-node specs skipped: {why}");
+                context["real_node"] = json!({"skipped": why});
+            }
+            None => {
+                if let Some(problems) = node::clean_leftovers() {
+                    eprintln!("conformance: undid what a killed node run left ({problems:?})");
+                }
+                for column in &columns {
+                    let found = run_real_column(*column, &paths, &images).await?;
+                    results.entry(column.dir_name()).or_default().extend(found);
+                }
+                real_ran = true;
+                context["real_node"] = json!({
+                    "node": "one real node (kubelet, containerd, kube-proxy iptables, CNI bridge)",
+                    "seconds": real_started.elapsed().as_secs_f64().round(),
+                });
+            }
+        }
+        drop(lock);
+    }
+
     let upstream = results.get(Column::Upstream.dir_name());
     let guard = results.get(Column::Guard.dir_name());
-    let rows = rows(&FAKE_NODE_SPECS, upstream, guard);
+    let specs: Vec<Spec> = FAKE_NODE_SPECS
+        .iter()
+        .chain(REAL_NODE_SPECS.iter())
+        .copied()
+        .collect();
+    let rows = rows(&specs, upstream, guard);
     let commit = command_output("git", &["rev-parse", "--short", "HEAD"], &root);
     let date = command_output("date", &["-u", "+%Y-%m-%d %H:%M UTC"], &root);
     let seconds = started.elapsed().as_secs_f64();
-    let report = report_json(
-        &rows,
-        json!({"commit": commit, "date": date, "seconds": seconds.round(),
-               "kubernetes": "v1.36.3", "nodes": "KWOK", "advertise_address": advertise.to_string()}),
-    );
+    context["commit"] = json!(commit);
+    context["date"] = json!(date);
+    context["seconds"] = json!(seconds.round());
+    let report = report_json(&rows, context);
     std::fs::write(
         out.join("report.json"),
         serde_json::to_string_pretty(&report)?,
     )?;
+    let scope = match (nodes.fake(), real_ran) {
+        (true, true) => "KWOK nodes and a real node",
+        (true, false) => "KWOK nodes; no real node",
+        (false, _) => "a real node",
+    };
     let md = report_markdown(
         &rows,
-        &format!("# Conformance (fake nodes): commit {commit}, {date}, {seconds:.0} s"),
+        &format!("# Conformance ({scope}): commit {commit}, {date}, {seconds:.0} s"),
     );
     std::fs::write(out.join("report.md"), &md)?;
     println!("{md}");
-    let problems = verdict(&rows, upstream.is_some(), guard.is_some());
+    // Only the rows of what ran are judged: a real-node row where no real
+    // node can run is a skip the report states, not a failure.
+    let judged: Vec<Row> = rows
+        .into_iter()
+        .filter(|r| {
+            let real = eg_testsupport::conformance::needs_real_node(&r.spec);
+            if real { real_ran } else { nodes.fake() }
+        })
+        .collect();
+    let problems = verdict(&judged, upstream.is_some(), guard.is_some());
     if !problems.is_empty() {
         eprintln!(
             "conformance: {} problem(s):\n{}",
@@ -451,7 +695,7 @@ async fn main() -> Result<()> {
         );
         std::process::exit(1);
     }
-    let passed = rows
+    let passed = judged
         .iter()
         .filter(|r| r.guard_outcome() == Outcome::Pass)
         .count();
@@ -459,7 +703,7 @@ async fn main() -> Result<()> {
     // endpoints-guard's column, in the closing form CI reads.
     println!(
         "conformance: {passed} passed, {} failed",
-        rows.len() - passed
+        judged.len() - passed
     );
     Ok(())
 }

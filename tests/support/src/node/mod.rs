@@ -13,6 +13,7 @@
 //! The host is put back as it was ([`host::restore`]) and compared with a
 //! snapshot from before the run ([`host::HostSnapshot`]).
 
+pub mod dns;
 pub mod host;
 pub mod traffic;
 
@@ -150,6 +151,26 @@ impl NodeImages {
     }
 }
 
+/// What differs between runs of the node.
+#[derive(Debug, Clone)]
+pub struct NodeOptions {
+    /// kube-controller-manager's `--controllers`.
+    pub controllers: String,
+    /// Serve Service names to pods ([`dns`]) on the node's address, the
+    /// kubelet's `clusterDNS`; without it pods resolve nothing.
+    pub cluster_dns: bool,
+}
+
+impl Default for NodeOptions {
+    /// Every controller but the two endpoint controllers, no DNS.
+    fn default() -> Self {
+        Self {
+            controllers: "*,-endpoints-controller,-endpointslice-controller".to_string(),
+            cluster_dns: false,
+        }
+    }
+}
+
 /// A running node. [`RealNode::stop`] takes it down and returns what the
 /// host comparison found; dropping it without `stop` still cleans up.
 pub struct RealNode {
@@ -163,6 +184,9 @@ pub struct RealNode {
     proxy: Option<Process>,
     kubelet_root_mounted: bool,
     stopped: bool,
+    options: NodeOptions,
+    dns: Option<tokio::task::JoinHandle<()>>,
+    logs_to: Option<PathBuf>,
 }
 
 /// What [`RealNode::stop`] found.
@@ -187,6 +211,11 @@ impl RealNode {
     /// Brings the node up in `dir` (its logs in `dir/logs` via the control
     /// plane's log folder) and waits until the Node is Ready.
     pub async fn start(dir: &Path, images: &NodeImages) -> Result<Self> {
+        Self::start_with(dir, images, NodeOptions::default()).await
+    }
+
+    /// As [`RealNode::start`], with `options`.
+    pub async fn start_with(dir: &Path, images: &NodeImages, options: NodeOptions) -> Result<Self> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         if let Some(problems) = clean_leftovers() {
             eprintln!("eg-testsupport: cleaned up after a killed node run ({problems:?})");
@@ -251,6 +280,9 @@ impl RealNode {
             proxy: None,
             kubelet_root_mounted: false,
             stopped: false,
+            options,
+            dns: None,
+            logs_to: None,
         };
         node.start_programs(images).await?;
         Ok(node)
@@ -261,7 +293,7 @@ impl RealNode {
         let kubeconfig = self.cp.kubeconfig_path().display().to_string();
         let logs = self.cp.log_dir().to_path_buf();
         self.kcm = Some(self.cp.start_controller_manager(
-            "*,-endpoints-controller,-endpointslice-controller",
+            &self.options.controllers,
             &[
                 &format!(
                     "--service-account-private-key-file={}",
@@ -319,12 +351,16 @@ impl RealNode {
         self.kubelet_root_mounted = true;
         run("mount", &["--make-rshared", &root])?;
         let resolv = self.dir.join("resolv.conf");
-        // Pods resolve nothing: no DNS server is reachable from the bridge.
+        // Pods resolve no name outside the cluster: no DNS server of the
+        // host's is reachable from the bridge.
         std::fs::write(&resolv, "")?;
+        if self.options.cluster_dns {
+            self.dns = Some(dns::serve((IpAddr::V4(NODE_IP), 53).into(), self.cp.client()).await?);
+        }
         let config = self.dir.join("kubelet.yaml");
         std::fs::write(
             &config,
-            kubelet_config(&ctrd, &pki.ca_cert, &self.dir, &resolv),
+            kubelet_config(&ctrd, &pki, &self.dir, &resolv, self.options.cluster_dns),
         )?;
         let wrapper = self.dir.join("kubelet-wrapper.sh");
         std::fs::write(&wrapper, kubelet_wrapper(&self.dir))?;
@@ -457,6 +493,12 @@ impl RealNode {
         bail!("no running container {container} of pod {namespace}/{pod}")
     }
 
+    /// Copies every program's log and the containers' logs into `to` when
+    /// the node is taken down (the control plane's own folder goes with it).
+    pub fn copy_logs_on_stop(&mut self, to: PathBuf) {
+        self.logs_to = Some(to);
+    }
+
     /// Packets the FORWARD guard rule dropped so far.
     pub fn forward_guard_drops() -> Result<u64> {
         let listing = run("iptables", &["-L", "FORWARD", "-v", "-x", "-n"])?;
@@ -489,6 +531,9 @@ impl RealNode {
             return Vec::new();
         }
         self.stopped = true;
+        if let Some(dns) = self.dns.take() {
+            dns.abort();
+        }
         let mut problems = Vec::new();
         if let Some(mut proxy) = self.proxy.take() {
             let _ = proxy.stop().await;
@@ -524,6 +569,15 @@ impl RealNode {
             let _ = process.stop().await;
         }
         self.kubelet_root_mounted = false;
+        if let Some(to) = self.logs_to.take() {
+            let from = format!("{}/.", self.cp.log_dir().display());
+            let copied = std::fs::create_dir_all(&to)
+                .map_err(anyhow::Error::from)
+                .and_then(|()| run("cp", &["-r", &from, &to.display().to_string()]));
+            if let Err(err) = copied {
+                problems.push(format!("copying the logs to {}: {err:#}", to.display()));
+            }
+        }
         problems.extend(restore_host(&self.dir, &self.before));
         problems
     }
@@ -765,7 +819,20 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     )
 }
 
-fn kubelet_config(ctrd: &Path, ca: &Path, dir: &Path, resolv: &Path) -> String {
+fn kubelet_config(
+    ctrd: &Path,
+    pki: &crate::certs::Pki,
+    dir: &Path,
+    resolv: &Path,
+    cluster_dns: bool,
+) -> String {
+    // Pods get the node's address as their nameserver and the cluster's
+    // search domains.
+    let dns = if cluster_dns {
+        format!("clusterDNS: [\"{NODE_IP}\"]\n")
+    } else {
+        String::new()
+    };
     format!(
         r#"apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -778,6 +845,9 @@ failSwapOn: false
 address: {NODE_IP}
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
+# Signed by the control plane's CA, which kube-apiserver checks (exec, logs).
+tlsCertFile: {serving_cert}
+tlsPrivateKeyFile: {serving_key}
 authentication:
   anonymous:
     enabled: false
@@ -790,7 +860,7 @@ authorization:
 volumePluginDir: {dir}/volume-plugins
 resolvConf: {resolv}
 clusterDomain: cluster.local
-# Imported images cannot be pulled back: never collect them.
+{dns}# Imported images cannot be pulled back: never collect them.
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 evictionHard:
@@ -803,7 +873,9 @@ syncFrequency: 5s
 nodeStatusUpdateFrequency: 2s
 "#,
         sock = ctrd.join("containerd.sock").display(),
-        ca = ca.display(),
+        ca = pki.ca_cert.display(),
+        serving_cert = pki.kubelet_serving_cert.display(),
+        serving_key = pki.kubelet_serving_key.display(),
         dir = dir.display(),
         resolv = resolv.display(),
     )

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Prepares the real-node part of make conformance (docs/conformance.md): as
+# root, installs the Debian packages the real node needs when missing (as
+# hack/e2e-node.sh does: containerd, runc, containernetworking-plugins,
+# iptables, conntrack, ca-certificates; and curl, which goes into the agnhost
+# image); not root, or without apt-get, it says so and exits 0, and
+# eg-conformance skips the real-node specs. Then it makes the images
+# upstream's real-node e2e specs run, imported into the node's containerd
+# since no image can be pulled, named as the e2e framework of the pinned
+# release asks for them (test/utils/image/manifest.go of k8s.io/kubernetes
+# v1.36.3), so no KUBE_TEST_REPO_LIST is needed:
+#   registry.k8s.io/e2e-test-images/agnhost:2.63.0
+#       /agnhost built from k8s.io/kubernetes/test/images/agnhost
+#       (tests/conformance/build.sh), with what the specs run through
+#       `/bin/sh -c`: Debian's static busybox (sh, wget, seq, ...), nc from
+#       netcat-openbsd (-t, -u, -v, -w, as in upstream's image) and curl,
+#       with the shared libraries both link
+#   registry.k8s.io/pause:3.10.2 and eg.local/pause:e2e
+#       tests/node/images/pause: pods the specs make with the pause image, and
+#       the node's sandbox image
+# Each is a docker-archive tarball in target/conformance/images/
+# (hack/image-archive.py). busybox-static and netcat-openbsd are fetched with
+# apt-get download into target/conformance/debs/ and unpacked there, never
+# installed.
+set -euo pipefail
+# shellcheck source=lib.sh
+. "$(dirname "$0")/lib.sh"
+
+log() { echo "conformance-node: $*" >&2; }
+skip() {
+  log "real-node specs will be skipped: $*"
+  exit 0
+}
+
+[ "$(id -u)" = 0 ] || skip "a real node needs root (kubelet, containerd, iptables, mounts)"
+packages=(containerd runc containernetworking-plugins iptables conntrack ca-certificates curl)
+missing=()
+for package in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed' || missing+=("$package")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  command -v apt-get >/dev/null || skip "missing ${missing[*]} and no apt-get to install them"
+  log "installing ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # Debian's containerd package may start its service where an init system
+  # runs one; the node runs its own containerd.
+  if command -v service >/dev/null && pgrep -x containerd >/dev/null; then
+    service containerd stop >/dev/null 2>&1 || true
+  fi
+fi
+
+agnhost_tag=registry.k8s.io/e2e-test-images/agnhost:2.63.0
+pause_tag=registry.k8s.io/pause:3.10.2
+
+out="$root/target/conformance/images"
+debs="$root/target/conformance/debs"
+work="$root/target/conformance/rootfs"
+agnhost="$root/target/conformance/bin/agnhost"
+[ -x "$agnhost" ] || die "$agnhost is missing: run 'bash tests/conformance/build.sh'"
+command -v curl >/dev/null || die "curl is missing: install Debian's curl"
+rm -rf "$work"
+mkdir -p "$out" "$debs" "$work/pause" "$work/agnhost"
+
+# unpacked PACKAGE: the folder holding Debian's PACKAGE, downloaded once.
+unpacked() {
+  local dir="$debs/$1"
+  if [ ! -d "$dir" ]; then
+    # apt-get download writes into the current folder; _apt cannot write
+    # to target/, so it warns and downloads as root.
+    (cd "$debs" && apt-get download -qq "$1" 2>/dev/null) || die "apt-get download $1 failed"
+    dpkg-deb -x "$debs/$1"_*.deb "$dir.tmp"
+    mv "$dir.tmp" "$dir"
+  fi
+  echo "$dir"
+}
+
+rootfs="$work/agnhost"
+cp "$agnhost" "$rootfs/agnhost"
+# Upstream's image has it too; entrypoint specs run it by this name.
+ln -s agnhost "$rootfs/agnhost-2"
+mkdir -p "$rootfs/bin" "$rootfs/usr/bin" "$rootfs/tmp" "$rootfs/uploads" "$rootfs/etc"
+chmod 1777 "$rootfs/tmp"
+busybox="$(unpacked busybox-static)/bin/busybox"
+cp "$busybox" "$rootfs/bin/busybox"
+for applet in $("$busybox" --list); do
+  # busybox's nc knows neither -t, -u nor -v.
+  [ "$applet" = nc ] || ln -sf busybox "$rootfs/bin/$applet"
+done
+nc="$(unpacked netcat-openbsd)/bin/nc.openbsd"
+cp "$nc" "$rootfs/bin/nc"
+cp "$(command -v curl)" "$rootfs/usr/bin/curl"
+for lib in $( (shared_libraries "$nc" && shared_libraries "$(command -v curl)") | sort -u); do
+  copy_into_rootfs "$rootfs" "$lib"
+done
+printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n' >"$rootfs/etc/passwd"
+printf 'root:x:0:\nnogroup:x:65534:\n' >"$rootfs/etc/group"
+
+(cd "$root/tests/node/images" && CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "$work/pause/pause" ./pause)
+
+python3 "$root/hack/image-archive.py" --rootfs "$work/agnhost" --tag "$agnhost_tag" \
+  --out "$out/agnhost.tar" --entrypoint '["/agnhost"]' --cmd '["pause"]' >/dev/null
+python3 "$root/hack/image-archive.py" --rootfs "$work/pause" --tag "$pause_tag" --tag eg.local/pause:e2e \
+  --out "$out/pause.tar" --entrypoint '["/pause"]' >/dev/null
+rm -rf "$work"
+log "images in $out"
