@@ -178,9 +178,10 @@ pub struct Config {
     pub max_retries: u32,
 
     /// The most reads a second spent on finding ghosts: objects the API
-    /// server's watch cache keeps after etcd deleted them. Every pod named by
-    /// an address of our Endpoints or slices, and every Service with either,
-    /// is read by GET in turn. 0 turns the scan off.
+    /// server's watch cache keeps after etcd deleted them, or in an older
+    /// state than etcd's. Every pod named by an address of our Endpoints or
+    /// slices, and every Service with either, is read (its metadata, from
+    /// etcd) in turn. 0 turns the scan off.
     #[arg(long, env = "EG_GHOST_SCAN_QPS", default_value_t = 20.0, value_parser = parse_qps)]
     pub ghost_scan_qps: f64,
 
