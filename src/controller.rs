@@ -17,7 +17,7 @@ use crate::error::Result;
 use crate::kinds::{EndpointSliceKind, EndpointsKind, Kind, NodeKind, PodKind, ServiceKind};
 use crate::metrics::Metrics;
 use crate::reconcile::queue::Retry;
-use crate::reconcile::{Context, Stores, Work, enqueue_all, resync, slice_sync, sync, verify};
+use crate::reconcile::{Context, Stores, Work, enqueue_all, ghost_scan, resync, slice_sync, sync};
 use crate::{metrics_auth, server, tls};
 use hardened_watcher::{Change, Sink, WatchConfig, WatchObserver, Watcher, stopped};
 
@@ -160,7 +160,7 @@ pub async fn start(
 
     let workers = cfg.workers;
     let resync_interval = cfg.resync_interval;
-    let ghost_scan = verify::Pace {
+    let ghost_scan = ghost_scan::Pace {
         qps: cfg.ghost_scan_qps,
         period: cfg.ghost_scan_period,
     };
@@ -202,7 +202,11 @@ pub async fn start(
             resync_interval,
             shutdown_main.clone(),
         ));
-        tasks.spawn(verify::run(ctx.clone(), ghost_scan, shutdown_main.clone()));
+        tasks.spawn(ghost_scan::run(
+            ctx.clone(),
+            ghost_scan,
+            shutdown_main.clone(),
+        ));
         stopped(&mut shutdown_main).await;
         info!("shutting down");
         shutdown_queues(&ctx);

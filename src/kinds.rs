@@ -16,7 +16,7 @@ use serde::de::DeserializeOwned;
 
 use crate::config::{Controller, Controllers};
 use crate::desired::PodInfo;
-use crate::reconcile::objects::{
+use crate::reconcile::cached::{
     CachedEndpoints, CachedNode, CachedService, CachedSlice, strip_managed_fields,
 };
 use crate::reconcile::{Context, Stores, handlers};
@@ -208,7 +208,7 @@ impl Kind for NodeKind {
     }
     /// A Node missing from the cache is read live by the reconcile of any
     /// Service whose slices have endpoints on it (see
-    /// `reconcile/slice_guard.rs`), tombstone or not.
+    /// `hold_unconfirmed_nodes` in `reconcile/guard.rs`), tombstone or not.
     fn at_stake(_ctx: &Context, _key: &ObjectKey, _uid: &str) -> bool {
         false
     }

@@ -36,8 +36,8 @@ mod capacity;
 mod equality;
 mod ip;
 mod labels;
-mod packed;
 mod pod;
+mod pod_info;
 mod ports;
 mod repack;
 pub mod slices;
@@ -51,9 +51,9 @@ mod testkit;
 
 pub use capacity::{ANNOTATION_OVER_CAPACITY, MAX_ADDRESSES, OVER_CAPACITY_TRUNCATED};
 pub use labels::{LABEL_HEADLESS, build_endpoints, needs_write};
-pub use packed::{NamedPortRef, PodInfo};
 pub(crate) use pod::spec_and_status_accessors;
 pub use pod::{ContainerView, NamedPort, PodFields, PodSource};
+pub use pod_info::{NamedPortRef, PodInfo};
 pub use trigger::{ANNOTATION_LAST_CHANGE_TRIGGER_TIME, format_rfc3339_nano, trigger_time};
 
 use ip::{GoIp, IpFamily, family_of_text};

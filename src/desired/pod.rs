@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::{Container, ContainerPort, Pod, PodCondition, Po
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 
-use super::packed::{Parts, PodInfo};
+use super::pod_info::{Parts, PodInfo};
 
 /// What a pod contributes to Endpoints, as owned fields: the form to build,
 /// edit and compare in tests. The caches keep it packed, as [`PodInfo`].

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::Service;
 use tracing::warn;
 
 use super::Context;
-use super::objects::{CachedEndpoints, CachedNode, CachedService, CachedSlice, TargetRefUid};
+use super::cached::{CachedEndpoints, CachedNode, CachedService, CachedSlice, TargetRefUid};
 use crate::config::Controller;
 use crate::desired::slices::{HintMode, hint_mode};
 use crate::desired::{self, PodInfo};

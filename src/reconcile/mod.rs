@@ -2,16 +2,16 @@
 //! reconcile of one Service for each controller (observe → desire → guard →
 //! apply), the deletion guard and the resync diff.
 
+pub mod cached;
+pub mod ghost_scan;
 pub mod guard;
 pub mod handlers;
-pub mod objects;
 pub mod orphans;
 pub mod queue;
 pub mod resync;
 pub mod slice_sync;
 pub mod sync;
 pub mod trigger;
-pub mod verify;
 
 #[cfg(test)]
 mod flip_profile;
@@ -30,7 +30,7 @@ use crate::config::{Controller, Controllers, Mode};
 use crate::desired::{ManagedBy, PodInfo};
 use crate::kinds::{EndpointSliceKind, EndpointsKind, Kind, NodeKind, PodKind, ServiceKind};
 use crate::metrics::Metrics;
-use crate::reconcile::objects::{CachedEndpoints, CachedNode, CachedService, CachedSlice};
+use crate::reconcile::cached::{CachedEndpoints, CachedNode, CachedService, CachedSlice};
 use hardened_watcher::{Cached, ObjectKey, Store, StoreHandle};
 use tokio::sync::watch;
 

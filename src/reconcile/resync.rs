@@ -205,7 +205,7 @@ mod tests {
                 }
             }
             let named = crate::reconcile::testkit::endpoints("ns", "a", &[("named", "10.0.0.2")]);
-            if let Some(cached) = crate::reconcile::objects::CachedEndpoints::new(named) {
+            if let Some(cached) = crate::reconcile::cached::CachedEndpoints::new(named) {
                 ctx.stores
                     .endpoints
                     .write()

@@ -18,8 +18,8 @@ use kube::Api;
 use kube::api::{DeleteParams, PostParams, Preconditions};
 use tracing::{debug, info, warn};
 
+use super::cached::{CachedService, CachedSlice, slice_pod_refs};
 use super::guard::{self, ServiceLookup};
-use super::objects::{CachedService, CachedSlice, slice_pod_refs};
 use super::sync::{self, Verb};
 use super::{Context, handlers};
 use crate::config::{Controller, Mode};

@@ -11,8 +11,8 @@ use tracing::{debug, info, warn};
 
 use std::collections::HashSet;
 
+use super::cached::{CachedEndpoints, managed_by, pod_target_refs};
 use super::guard::{self, ServiceLookup};
-use super::objects::{CachedEndpoints, managed_by, pod_target_refs};
 use super::{Context, handlers, orphans};
 use crate::config::{Controller, Mode};
 use crate::desired::{self, PodInfo};

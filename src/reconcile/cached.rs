@@ -402,5 +402,5 @@ pub fn strip_managed_fields<K: kube::Resource>(mut obj: K) -> K {
 }
 
 #[cfg(test)]
-#[path = "objects_tests.rs"]
+#[path = "cached_tests.rs"]
 mod tests;

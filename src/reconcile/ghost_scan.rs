@@ -36,8 +36,8 @@ use k8s_openapi::api::core::v1::{Pod, Service};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use super::objects::{CachedService, strip_managed_fields};
-use super::objects::{pod_target_refs, slice_pod_refs};
+use super::cached::{CachedService, strip_managed_fields};
+use super::cached::{pod_target_refs, slice_pod_refs};
 use super::{Context, handlers};
 use crate::desired::PodInfo;
 use hardened_watcher::live::LiveMeta;
