@@ -14,7 +14,7 @@ use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::config::{Config, Controller};
 use crate::error::Result;
-use crate::kinds::{EndpointSliceKind, EndpointsKind, Kind, NodeKind, PodKind, ServiceKind};
+use crate::kinds::{Kind, KindVisitor, for_each_kind};
 use crate::metrics::Metrics;
 use crate::reconcile::queue::Retry;
 use crate::reconcile::{Context, Stores, Work, enqueue_all, ghost_scan, resync, slice_sync, sync};
@@ -33,13 +33,14 @@ struct Watching<'a> {
     config: WatchConfig,
     observer: Arc<dyn WatchObserver>,
     shutdown: &'a signal::Receiver<bool>,
+    tasks: &'a mut JoinSet<()>,
 }
 
-impl Watching<'_> {
+impl KindVisitor for Watching<'_> {
     /// Spawns the watcher of kind `K` if the running controllers need it: its
     /// cache, filled from the namespace (or the cluster), every change handed
     /// to [`Kind::on_change`]. It ends on shutdown.
-    fn spawn<K: Kind>(&self, tasks: &mut JoinSet<()>) {
+    fn visit<K: Kind>(&mut self) {
         if !K::needed(self.ctx.controllers()) {
             return;
         }
@@ -57,7 +58,7 @@ impl Watching<'_> {
         .observer(self.observer.clone())
         .config(self.config);
         let shutdown = self.shutdown.clone();
-        tasks.spawn(async move {
+        self.tasks.spawn(async move {
             // A watcher ends on shutdown, or when it cannot start: the reason
             // is logged rather than dropped.
             if let Err(err) = watcher.run(shutdown).await {
@@ -144,18 +145,14 @@ pub async fn start(
         page_limit: cfg.list_page_size,
         ..WatchConfig::default()
     };
-    let watching = Watching {
+    for_each_kind(&mut Watching {
         ctx: &ctx,
         namespace: cfg.namespace.as_deref(),
         config,
         observer: metrics.clone(),
         shutdown: &shutdown,
-    };
-    watching.spawn::<ServiceKind>(&mut tasks);
-    watching.spawn::<PodKind>(&mut tasks);
-    watching.spawn::<EndpointsKind>(&mut tasks);
-    watching.spawn::<EndpointSliceKind>(&mut tasks);
-    watching.spawn::<NodeKind>(&mut tasks);
+        tasks: &mut tasks,
+    });
     tasks.spawn(hardened_watcher::share_rewinds(ctx.stores.watched()));
 
     let workers = cfg.workers;

@@ -1,8 +1,9 @@
 //! Every kind the controller watches, described once: its API type and
 //! resource name, what its cache keeps of an object, where that cache lives,
 //! and what a change to it means. The wiring (`controller.rs`), the resync
-//! (`reconcile/resync.rs`) and the start-up checks (`startup.rs`) all go
-//! through [`Kind`]; a new kind is one more implementation.
+//! and housekeeping (`reconcile/resync.rs`) and the start-up checks
+//! (`startup.rs`) all go through [`for_each_kind`]; a new kind is one more
+//! implementation of [`Kind`], one line there and its store in `Stores`.
 
 use std::fmt::Debug;
 use std::sync::Arc;
@@ -50,6 +51,22 @@ pub trait Kind: 'static {
     /// Whether a deletion candidate (incarnation `uid` of `key`) still matters
     /// to something of ours: if not, housekeeping may let its tombstone go.
     fn at_stake(ctx: &Context, key: &ObjectKey, uid: &str) -> bool;
+}
+
+/// Something done once for every watched kind (see [`for_each_kind`]).
+pub trait KindVisitor {
+    /// Called once for each kind, in [`for_each_kind`]'s order.
+    fn visit<K: Kind>(&mut self);
+}
+
+/// Every watched kind, in the order their watchers start (Services first:
+/// everything else is reconciled on their behalf). The one list of kinds.
+pub fn for_each_kind(visitor: &mut impl KindVisitor) {
+    visitor.visit::<ServiceKind>();
+    visitor.visit::<PodKind>();
+    visitor.visit::<EndpointsKind>();
+    visitor.visit::<EndpointSliceKind>();
+    visitor.visit::<NodeKind>();
 }
 
 /// The API of a namespaced kind in `namespace`, or cluster-wide.

@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use futures::future::BoxFuture;
 use kube::Client;
 use kube::api::ListParams;
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -11,7 +12,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use crate::config::{Config, Mode};
 use crate::controller;
 use crate::error::{Error, Result};
-use crate::kinds::{EndpointSliceKind, EndpointsKind, Kind, NodeKind, PodKind, ServiceKind};
+use crate::kinds::{Kind, KindVisitor, for_each_kind};
 use crate::ratelimit::RateLimitLayer;
 
 /// Builds a client from `--kubeconfig`/`$KUBECONFIG`, else in-cluster, else
@@ -93,15 +94,34 @@ pub async fn preflight(client: &Client, cfg: &Config) -> Result<()> {
             }
         }
     }
-    check_list::<ServiceKind>(client, cfg).await?;
-    check_list::<PodKind>(client, cfg).await?;
-    check_list::<EndpointsKind>(client, cfg).await?;
-    check_list::<EndpointSliceKind>(client, cfg).await?;
-    check_list::<NodeKind>(client, cfg).await?;
+    let mut checks = ListChecks {
+        client,
+        cfg,
+        checks: Vec::new(),
+    };
+    for_each_kind(&mut checks);
+    // One at a time, in order: the first refusal is the one reported.
+    for check in checks.checks {
+        check.await?;
+    }
     if cfg.mode == Mode::Audit {
         tracing::info!("audit mode: nothing will be written");
     }
     Ok(())
+}
+
+/// The list check of every kind, to be awaited in order.
+struct ListChecks<'a> {
+    client: &'a Client,
+    cfg: &'a Config,
+    checks: Vec<BoxFuture<'a, Result<()>>>,
+}
+
+impl<'a> KindVisitor for ListChecks<'a> {
+    fn visit<K: Kind>(&mut self) {
+        self.checks
+            .push(Box::pin(check_list::<K>(self.client, self.cfg)));
+    }
 }
 
 /// Lists one object of kind `K`, if the running controllers watch it.

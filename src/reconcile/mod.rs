@@ -28,13 +28,30 @@ use kube::runtime::events::Recorder;
 
 use crate::config::{Controller, Controllers, Mode};
 use crate::desired::{ManagedBy, PodInfo};
-use crate::kinds::{EndpointSliceKind, EndpointsKind, Kind, NodeKind, PodKind, ServiceKind};
+use crate::kinds::{
+    EndpointSliceKind, EndpointsKind, Kind, KindVisitor, NodeKind, PodKind, ServiceKind,
+    for_each_kind,
+};
 use crate::metrics::Metrics;
 use crate::reconcile::cached::{CachedEndpoints, CachedNode, CachedService, CachedSlice};
 use hardened_watcher::{Cached, ObjectKey, Store, StoreHandle};
 use tokio::sync::watch;
 
 pub use queue::WorkQueue;
+
+/// The handles of the stores the running controllers need.
+struct Watched<'a> {
+    stores: &'a Stores,
+    handles: Vec<Arc<dyn StoreHandle>>,
+}
+
+impl KindVisitor for Watched<'_> {
+    fn visit<K: Kind>(&mut self) {
+        if K::needed(self.stores.controllers) {
+            self.handles.push(Arc::new(K::store(self.stores).clone()));
+        }
+    }
+}
 
 /// The caches the controllers work from. Only those the running controllers
 /// need are watched ([`Kind::needed`]); the others stay empty and are not
@@ -64,27 +81,22 @@ impl Stores {
         let endpoints = Store::new(EndpointsKind::RESOURCE);
         let slices = Store::new(EndpointSliceKind::RESOURCE);
         let nodes = Store::new(NodeKind::RESOURCE);
-        let c = controllers;
-        let all: [(bool, Arc<dyn StoreHandle>); 5] = [
-            (ServiceKind::needed(c), Arc::new(services.clone())),
-            (PodKind::needed(c), Arc::new(pods.clone())),
-            (EndpointsKind::needed(c), Arc::new(endpoints.clone())),
-            (EndpointSliceKind::needed(c), Arc::new(slices.clone())),
-            (NodeKind::needed(c), Arc::new(nodes.clone())),
-        ];
-        let watched = all
-            .into_iter()
-            .filter_map(|(needed, store)| needed.then_some(store))
-            .collect();
-        Self {
+        let mut stores = Self {
             services,
             pods,
             endpoints,
             slices,
             nodes,
             controllers,
-            watched,
-        }
+            watched: Arc::new([]),
+        };
+        let mut watched = Watched {
+            stores: &stores,
+            handles: Vec::new(),
+        };
+        for_each_kind(&mut watched);
+        stores.watched = watched.handles.into();
+        stores
     }
 
     /// Every cache that is watched, whatever its object type.

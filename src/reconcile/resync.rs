@@ -13,13 +13,14 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use futures::future::{BoxFuture, join_all};
 use tracing::info;
 
 use super::{Context, enqueue_all};
 use crate::config::Controller;
 use crate::desired;
 use crate::error::{Error, Result};
-use crate::kinds::{EndpointSliceKind, EndpointsKind, Kind, NodeKind, PodKind, ServiceKind};
+use crate::kinds::{Kind, KindVisitor, for_each_kind};
 use hardened_watcher::{Cached, Confirmation, ResyncReport, WatchError};
 
 /// How long one resync waits for a watcher's list.
@@ -32,6 +33,21 @@ const RELEASED_CONFIRMATION_TICKS: u64 = 2;
 /// Confirmations by a live read stop ghosts from coming back through a list
 /// served by a watch cache that still holds them: kept longer.
 const LIVE_READ_CONFIRMATION_TICKS: u64 = 12;
+
+/// Every kind's relist, run at once; each answer with its resource.
+struct Relists<'a> {
+    ctx: &'a Context,
+    relists: Vec<BoxFuture<'a, (&'static str, Result<ResyncReport>)>>,
+}
+
+impl KindVisitor for Relists<'_> {
+    fn visit<K: Kind>(&mut self) {
+        let ctx = self.ctx;
+        self.relists.push(Box::pin(
+            async move { (K::RESOURCE, relist::<K>(ctx).await) },
+        ));
+    }
+}
 
 /// Relists kind `K` if it is watched; an unwatched kind reports nothing.
 async fn relist<K: Kind>(ctx: &Context) -> Result<ResyncReport> {
@@ -51,19 +67,20 @@ async fn relist<K: Kind>(ctx: &Context) -> Result<ResyncReport> {
 /// compared with each other and every Service is queued.
 pub async fn resync_once(ctx: &Arc<Context>) -> Result<()> {
     let start = Instant::now();
-    let (services, pods, endpoints, slices, nodes) = tokio::join!(
-        relist::<ServiceKind>(ctx),
-        relist::<PodKind>(ctx),
-        relist::<EndpointsKind>(ctx),
-        relist::<EndpointSliceKind>(ctx),
-        relist::<NodeKind>(ctx),
-    );
-    let (services, pods, endpoints, slices, nodes) =
-        (services?, pods?, endpoints?, slices?, nodes?);
-    let disputes = [&services, &pods, &endpoints, &slices, &nodes]
-        .iter()
-        .map(|r| r.disputes)
-        .sum::<usize>();
+    let mut relists = Relists {
+        ctx,
+        relists: Vec::new(),
+    };
+    for_each_kind(&mut relists);
+    let mut changes = Vec::new();
+    let mut disputes = 0;
+    for (resource, report) in join_all(relists.relists).await {
+        let report = report?;
+        disputes += report.disputes;
+        if report.changes > 0 {
+            changes.push((resource, report.changes));
+        }
+    }
     let queued = enqueue_all(ctx);
     let elapsed = start.elapsed().as_secs_f64();
     ctx.metrics.resync_duration.observe(elapsed);
@@ -74,11 +91,7 @@ pub async fn resync_once(ctx: &Arc<Context>) -> Result<()> {
     ctx.metrics.last_successful_resync.set(now);
     info!(
         seconds = elapsed,
-        services = services.changes,
-        pods = pods.changes,
-        endpoints = endpoints.changes,
-        endpointslices = slices.changes,
-        nodes = nodes.changes,
+        ?changes,
         disputes,
         queued,
         "full resync done"
@@ -142,13 +155,23 @@ fn sweep_endpoints(ctx: &Context) {
 /// confirmations. A tombstone something still names stays until its
 /// reconcile reads the object live or a consistent list proves it gone.
 pub fn housekeeping(ctx: &Arc<Context>) {
-    let released = age::<ServiceKind>(ctx)
-        + age::<PodKind>(ctx)
-        + age::<EndpointsKind>(ctx)
-        + age::<EndpointSliceKind>(ctx)
-        + age::<NodeKind>(ctx);
+    let mut aging = Aging { ctx, released: 0 };
+    for_each_kind(&mut aging);
+    let released = aging.released;
     if released > 0 {
         info!(released, "housekeeping: old deletion evidence let go");
+    }
+}
+
+/// Housekeeping of every kind, counting what went.
+struct Aging<'a> {
+    ctx: &'a Context,
+    released: usize,
+}
+
+impl KindVisitor for Aging<'_> {
+    fn visit<K: Kind>(&mut self) {
+        self.released += age::<K>(self.ctx);
     }
 }
 
