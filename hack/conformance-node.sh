@@ -2,8 +2,8 @@
 # Prepares the real-node part of make conformance (docs/conformance.md): as
 # root, installs the Debian packages the real node needs when missing (as
 # hack/e2e-node.sh does: containerd, runc, containernetworking-plugins,
-# iptables, conntrack, ca-certificates; and curl, which goes into the agnhost
-# image); not root, or without apt-get, it says so and exits 0, and
+# iptables, conntrack, ca-certificates; and curl and wget, which go into the
+# agnhost image); not root, or without apt-get, it says so and exits 0, and
 # eg-conformance skips the real-node specs. Then it makes the images
 # upstream's real-node e2e specs run, imported into the node's containerd
 # since no image can be pulled, named as the e2e framework of the pinned
@@ -12,9 +12,9 @@
 #   registry.k8s.io/e2e-test-images/agnhost:2.63.0
 #       /agnhost built from k8s.io/kubernetes/test/images/agnhost
 #       (tests/conformance/build.sh), with what the specs run through
-#       `/bin/sh -c`: Debian's static busybox (sh, wget, seq, ...), nc from
-#       netcat-openbsd (-t, -u, -v, -w, as in upstream's image) and curl,
-#       with the shared libraries both link
+#       `/bin/sh -c`: dash as /bin/sh, Debian's static busybox (seq, ...),
+#       nc from netcat-openbsd (-t, -u, -v, -w, as in upstream's image),
+#       curl and wget, with the shared libraries they link
 #   registry.k8s.io/pause:3.10.2 and eg.local/pause:e2e
 #       tests/node/images/pause: pods the specs make with the pause image, and
 #       the node's sandbox image
@@ -33,7 +33,7 @@ skip() {
 }
 
 [ "$(id -u)" = 0 ] || skip "a real node needs root (kubelet, containerd, iptables, mounts)"
-packages=(containerd runc containernetworking-plugins iptables conntrack ca-certificates curl)
+packages=(containerd runc containernetworking-plugins iptables conntrack ca-certificates curl wget)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed' || missing+=("$package")
@@ -84,13 +84,23 @@ chmod 1777 "$rootfs/tmp"
 busybox="$(unpacked busybox-static)/bin/busybox"
 cp "$busybox" "$rootfs/bin/busybox"
 for applet in $("$busybox" --list); do
-  # busybox's nc knows neither -t, -u nor -v.
-  [ "$applet" = nc ] || ln -sf busybox "$rootfs/bin/$applet"
+  case "$applet" in
+    # Its own name is in the list; busybox's nc knows neither -t, -u nor -v;
+    # its sh runs its own applets before PATH (nc included), so sh is dash.
+    # Its static wget crashes resolving without the NSS modules it was
+    # built for: Debian's wget instead.
+    busybox | nc | sh | wget) ;;
+    *) ln -s busybox "$rootfs/bin/$applet" ;;
+  esac
 done
 nc="$(unpacked netcat-openbsd)/bin/nc.openbsd"
 cp "$nc" "$rootfs/bin/nc"
 cp "$(command -v curl)" "$rootfs/usr/bin/curl"
-for lib in $( (shared_libraries "$nc" && shared_libraries "$(command -v curl)") | sort -u); do
+dash=$(command -v dash) || die "dash is missing: install Debian's dash"
+cp "$dash" "$rootfs/bin/sh"
+wget=$(command -v wget) || die "wget is missing: install Debian's wget"
+cp "$wget" "$rootfs/usr/bin/wget"
+for lib in $(for bin in "$nc" "$(command -v curl)" "$dash" "$wget"; do shared_libraries "$bin"; done | sort -u); do
   copy_into_rootfs "$rootfs" "$lib"
 done
 printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n' >"$rootfs/etc/passwd"

@@ -63,6 +63,9 @@ pub(crate) fn apiserver_args(
             ),
             format!("--kubelet-client-key={}", path(&pki.kubelet_client_key)),
             format!("--kubelet-certificate-authority={}", path(&pki.ca_cert)),
+            // The node's name resolves nowhere; its InternalIP is what the
+            // serving certificate names.
+            "--kubelet-preferred-address-types=InternalIP".to_string(),
         ]);
     }
     if let Some(interval) = options.etcd_compaction_interval {

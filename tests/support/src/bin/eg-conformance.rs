@@ -624,15 +624,17 @@ async fn main() -> Result<()> {
         let real_started = Instant::now();
         // The lock first: another run's kubelet is not a reason to skip.
         let lock = NodeLock::take().await?;
+        // What a killed run left (its bridge, its shims) would read as a
+        // node this run must not touch.
+        if let Some(problems) = node::clean_leftovers() {
+            eprintln!("conformance: undid what a killed node run left ({problems:?})");
+        }
         match real_node_unavailable(&images) {
             Some(why) => {
                 eprintln!("conformance: real-node specs skipped: {why}");
                 context["real_node"] = json!({"skipped": why});
             }
             None => {
-                if let Some(problems) = node::clean_leftovers() {
-                    eprintln!("conformance: undid what a killed node run left ({problems:?})");
-                }
                 for column in &columns {
                     let found = run_real_column(*column, &paths, &images).await?;
                     results.entry(column.dir_name()).or_default().extend(found);
