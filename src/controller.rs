@@ -16,7 +16,8 @@ use crate::config::{Config, Controller};
 use crate::error::Result;
 use crate::kinds::{Kind, KindVisitor, for_each_kind};
 use crate::metrics::Metrics;
-use crate::reconcile::queue::Retry;
+use crate::reconcile::latency::WriteTimer;
+use crate::reconcile::queue::{Retry, Taken};
 use crate::reconcile::{Context, Stores, Work, enqueue_all, ghost_scan, resync, slice_sync, sync};
 use crate::{metrics_auth, server, tls};
 use hardened_watcher::{Change, Sink, WatchConfig, WatchObserver, Watcher, stopped};
@@ -45,9 +46,10 @@ impl KindVisitor for Watching<'_> {
             return;
         }
         let handler = self.ctx.clone();
-        let sink: Sink<K::Cached> = Arc::new(move |change: &Change<K::Cached>| {
-            K::on_change(&handler, change);
-        });
+        let sink: Sink<K::Cached> =
+            Arc::new(move |change: &Change<K::Cached>, received: Instant| {
+                K::on_change(&handler, change, received);
+            });
         let watcher = Watcher::new(
             api::<K>(&self.ctx.client, self.namespace),
             (),
@@ -316,7 +318,7 @@ async fn periodic(ctx: Arc<Context>, interval: Duration, mut shutdown: signal::R
 async fn work(ctx: Arc<Context>, controller: Controller) {
     let queue = ctx.work(controller).queue.clone();
     let label = controller.metric_label();
-    while let Some(key) = queue.next().await {
+    while let Some(Taken { key, received }) = queue.next().await {
         // Replicas that do not hold the Lease keep keys queued and read nothing;
         // nobody reconciles while a cache is listed again after a store rewind.
         ctx.wait_until_leading().await;
@@ -327,9 +329,14 @@ async fn work(ctx: Arc<Context>, controller: Controller) {
             .set(queue.len() as i64);
         let start = Instant::now();
         let span = info_span!("reconcile", service = %key);
+        let timer = WriteTimer::new(&ctx.metrics, controller, received);
         let result = match controller {
-            Controller::Endpoints => sync::reconcile(&ctx, &key).instrument(span).await,
-            Controller::Endpointslices => slice_sync::reconcile(&ctx, &key).instrument(span).await,
+            Controller::Endpoints => sync::reconcile(&ctx, &key, &timer).instrument(span).await,
+            Controller::Endpointslices => {
+                slice_sync::reconcile(&ctx, &key, &timer)
+                    .instrument(span)
+                    .await
+            }
         };
         ctx.metrics
             .reconcile_duration
@@ -352,7 +359,7 @@ async fn work(ctx: Arc<Context>, controller: Controller) {
                     .reconcile_errors
                     .with_label_values(&[label, err.metric_label()])
                     .inc();
-                match queue.retry(key.clone()) {
+                match queue.retry(key.clone(), received) {
                     Retry::After(delay) => {
                         ctx.metrics.queue_retries.with_label_values(&[label]).inc();
                         warn!(%key, %controller, error = %err, retry_in = ?delay, "reconcile failed");

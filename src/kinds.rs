@@ -7,6 +7,7 @@
 
 use std::fmt::Debug;
 use std::sync::Arc;
+use std::time::Instant;
 
 use hardened_watcher::{Cached, Change, ObjectKey, Store, Whole};
 use k8s_openapi::NamespaceResourceScope;
@@ -47,7 +48,8 @@ pub trait Kind: 'static {
     /// Where its cache lives.
     fn store(stores: &Stores) -> &Store<Self::Cached>;
     /// What a change to one of its objects means: the Services to reconcile.
-    fn on_change(ctx: &Arc<Context>, change: &Change<Self::Cached>);
+    /// `received`: when what the change came from arrived.
+    fn on_change(ctx: &Arc<Context>, change: &Change<Self::Cached>, received: Instant);
     /// Whether a deletion candidate (incarnation `uid` of `key`) still matters
     /// to something of ours: if not, housekeeping may let its tombstone go.
     fn at_stake(ctx: &Context, key: &ObjectKey, uid: &str) -> bool;
@@ -99,8 +101,8 @@ impl Kind for ServiceKind {
     fn store(stores: &Stores) -> &Store<CachedService> {
         &stores.services
     }
-    fn on_change(ctx: &Arc<Context>, change: &Change<CachedService>) {
-        handlers::on_service(ctx, change);
+    fn on_change(ctx: &Arc<Context>, change: &Change<CachedService>, received: Instant) {
+        handlers::on_service_at(ctx, change, Some(received));
     }
     /// Endpoints of ours under its name, or slices of ours labelled for it.
     fn at_stake(ctx: &Context, key: &ObjectKey, _uid: &str) -> bool {
@@ -132,8 +134,8 @@ impl Kind for PodKind {
     fn store(stores: &Stores) -> &Store<PodInfo> {
         &stores.pods
     }
-    fn on_change(ctx: &Arc<Context>, change: &Change<PodInfo>) {
-        handlers::on_pod(ctx, change);
+    fn on_change(ctx: &Arc<Context>, change: &Change<PodInfo>, received: Instant) {
+        handlers::on_pod_at(ctx, change, Some(received));
     }
     /// An address of our Endpoints, or an endpoint of our slices, names it.
     fn at_stake(ctx: &Context, key: &ObjectKey, uid: &str) -> bool {
@@ -161,8 +163,8 @@ impl Kind for EndpointsKind {
     fn store(stores: &Stores) -> &Store<CachedEndpoints> {
         &stores.endpoints
     }
-    fn on_change(ctx: &Arc<Context>, change: &Change<CachedEndpoints>) {
-        handlers::on_endpoints(ctx, change);
+    fn on_change(ctx: &Arc<Context>, change: &Change<CachedEndpoints>, received: Instant) {
+        handlers::on_endpoints(ctx, change, Some(received));
     }
     /// Endpoints themselves are never at stake: a deleted Endpoints is made
     /// again by its Service's reconcile.
@@ -191,8 +193,8 @@ impl Kind for EndpointSliceKind {
     fn store(stores: &Stores) -> &Store<CachedSlice> {
         &stores.slices
     }
-    fn on_change(ctx: &Arc<Context>, change: &Change<CachedSlice>) {
-        handlers::on_slice(ctx, change);
+    fn on_change(ctx: &Arc<Context>, change: &Change<CachedSlice>, received: Instant) {
+        handlers::on_slice(ctx, change, Some(received));
     }
     /// A deleted slice is made again by its Service's reconcile.
     fn at_stake(_ctx: &Context, _key: &ObjectKey, _uid: &str) -> bool {
@@ -220,8 +222,8 @@ impl Kind for NodeKind {
     fn store(stores: &Stores) -> &Store<CachedNode> {
         &stores.nodes
     }
-    fn on_change(ctx: &Arc<Context>, change: &Change<CachedNode>) {
-        handlers::on_node(ctx, change);
+    fn on_change(ctx: &Arc<Context>, change: &Change<CachedNode>, received: Instant) {
+        handlers::on_node(ctx, change, Some(received));
     }
     /// A Node missing from the cache is read live by the reconcile of any
     /// Service whose slices have endpoints on it (see

@@ -85,6 +85,8 @@ pub struct Metrics {
     pub reconciles: IntCounterVec,
     pub reconcile_errors: IntCounterVec,
     pub reconcile_duration: HistogramVec,
+    pub event_to_write: HistogramVec,
+    pub event_to_write_answered: HistogramVec,
     pub endpoints_writes: IntCounterVec,
     pub endpointslice_writes: IntCounterVec,
     pub spurious_deletions_prevented: IntCounterVec,
@@ -138,6 +140,13 @@ fn opts(name: &str, help: &str) -> Opts {
     Opts::new(format!("endpoints_guard_{name}"), help)
 }
 
+/// Buckets of the event-to-write histograms: 50 µs to about 3.3 s, four a
+/// doubling (each about 19 % above the last), so a p99 near the 1 ms target
+/// is read to within a fifth rather than a factor of two.
+fn event_to_write_buckets() -> prometheus::Result<Vec<f64>> {
+    prometheus::exponential_buckets(0.000_05, 2f64.powf(0.25), 65)
+}
+
 fn hist(name: &str, help: &str, buckets: Vec<f64>) -> HistogramOpts {
     HistogramOpts::new(format!("endpoints_guard_{name}"), help).buckets(buckets)
 }
@@ -177,6 +186,22 @@ impl Metrics {
                     "reconcile_duration_seconds",
                     "Time spent in one reconcile, by controller.",
                     prometheus::exponential_buckets(0.0005, 2.0, 16)?,
+                ),
+                &["controller"],
+            )?,
+            event_to_write: HistogramVec::new(
+                hist(
+                    "event_to_write_seconds",
+                    "From the arrival of the watch event (line, list page or live read) that queued a Service to the moment the first write of the reconcile serving it is sent, by controller. A key queued by several events is measured from the earliest not yet served; a key retried after a failure keeps it.",
+                    event_to_write_buckets()?,
+                ),
+                &["controller"],
+            )?,
+            event_to_write_answered: HistogramVec::new(
+                hist(
+                    "event_to_write_answered_seconds",
+                    "As event_to_write_seconds, to the moment the API server's answer to that write is read (success or failure), by controller.",
+                    event_to_write_buckets()?,
                 ),
                 &["controller"],
             )?,
@@ -360,6 +385,8 @@ impl Metrics {
             &[&controllers, Error::METRIC_LABELS],
         )?;
         zero(&self.reconcile_duration, &[&controllers])?;
+        zero(&self.event_to_write, &[&controllers])?;
+        zero(&self.event_to_write_answered, &[&controllers])?;
         zero(&self.endpoints_writes, &[VERBS])?;
         zero(&self.endpointslice_writes, &[VERBS])?;
         zero(
@@ -390,6 +417,8 @@ impl Metrics {
         r.register(Box::new(self.reconciles.clone()))?;
         r.register(Box::new(self.reconcile_errors.clone()))?;
         r.register(Box::new(self.reconcile_duration.clone()))?;
+        r.register(Box::new(self.event_to_write.clone()))?;
+        r.register(Box::new(self.event_to_write_answered.clone()))?;
         r.register(Box::new(self.endpoints_writes.clone()))?;
         r.register(Box::new(self.endpointslice_writes.clone()))?;
         r.register(Box::new(self.spurious_deletions_prevented.clone()))?;

@@ -152,6 +152,8 @@ fn every_fixed_label_value_is_exported() {
             every(&[&controllers, Error::METRIC_LABELS]),
         ),
         ("reconcile_duration_seconds", every(&[&controllers])),
+        ("event_to_write_seconds", every(&[&controllers])),
+        ("event_to_write_answered_seconds", every(&[&controllers])),
         ("endpoints_writes_total", every(&[VERBS])),
         ("endpointslice_writes_total", every(&[VERBS])),
         (

@@ -160,7 +160,7 @@ fn stage_pod_event(ctx: &Arc<Context>, line: &str) {
     };
     let outcome = ctx.stores.pods.write().apply_event(kind, pod);
     if let Outcome::Applied(change) = outcome {
-        PodKind::on_change(ctx, &change);
+        PodKind::on_change(ctx, &change, std::time::Instant::now());
     }
 }
 
@@ -175,13 +175,13 @@ fn stage_endpoints_event(ctx: &Arc<Context>, line: &str) {
     };
     let outcome = ctx.stores.endpoints.write().apply_event(kind, ep);
     if let Outcome::Applied(change) = outcome {
-        handlers::on_endpoints(ctx, &change);
+        handlers::on_endpoints(ctx, &change, None);
     }
 }
 
 #[inline(never)]
 fn stage_reconcile(rt: &tokio::runtime::Runtime, ctx: &Context, key: &ObjectKey) {
-    if let Err(err) = rt.block_on(sync::reconcile(ctx, key)) {
+    if let Err(err) = rt.block_on(sync::reconcile(ctx, key, &testkit::untimed(ctx))) {
         panic!("reconcile {key}: {err}");
     }
 }
@@ -291,7 +291,8 @@ fn flip_profile() {
         );
         let key = rt
             .block_on(ctx.endpoints.queue.next())
-            .unwrap_or_else(|| panic!("flip {flip}: nothing queued"));
+            .unwrap_or_else(|| panic!("flip {flip}: nothing queued"))
+            .key;
         rv += 1;
         let written = expected_write(&ctx, &key, rv);
         peer.push(Reply::Body(written.to_string()));

@@ -1,8 +1,10 @@
 //! From cache changes to queue keys: which Services a change concerns. The
 //! watchers call these as their sinks, for watch events, list diffs and
-//! repairs alike.
+//! repairs alike, with the instant the change arrived (`received`), which
+//! goes into the queue with the keys.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use k8s_openapi::api::core::v1::Service;
 use tracing::warn;
@@ -14,17 +16,31 @@ use crate::desired::slices::{HintMode, hint_mode};
 use crate::desired::{self, PodInfo};
 use hardened_watcher::{Cached, Change, Confirmation, LiveRead, ObjectKey, live};
 
+/// A Service change that no watch brought (the ghost scan's repair): nothing
+/// to time its write from.
 pub fn on_service(ctx: &Context, change: &Change<CachedService>) {
+    on_service_at(ctx, change, None);
+}
+
+/// A Service change that arrived at `received`.
+pub fn on_service_at(ctx: &Context, change: &Change<CachedService>, received: Option<Instant>) {
     let svc = match change {
         Change::Added(s) | Change::DeletionCandidate(s) => s,
         Change::Updated { new, .. } => new,
     };
-    ctx.enqueue(svc.key());
+    ctx.enqueue(svc.key(), received);
+}
+
+/// A pod change that no watch brought (the ghost scan's repair): nothing to
+/// time its write from.
+pub fn on_pod(ctx: &Context, change: &Change<PodInfo>) {
+    on_pod_at(ctx, change, None);
 }
 
 /// A pod change concerns the Services selecting it before and after; a change to
 /// nothing Endpoints are made of (for example a new annotation) concerns none.
-pub fn on_pod(ctx: &Context, change: &Change<PodInfo>) {
+/// `received`: when it arrived.
+pub fn on_pod_at(ctx: &Context, change: &Change<PodInfo>, received: Option<Instant>) {
     let (old, new) = match change {
         Change::DeletionCandidate(p) => {
             release_if_unreferenced(ctx, p);
@@ -46,7 +62,7 @@ pub fn on_pod(ctx: &Context, change: &Change<PodInfo>) {
         let selects_new = desired::selector_matches(selector, new.as_ref());
         let selects_old = old.is_some_and(|o| desired::selector_matches(selector, o.as_ref()));
         if selects_new || selects_old {
-            ctx.enqueue(svc.key());
+            ctx.enqueue(svc.key(), received);
         }
     }
 }
@@ -101,18 +117,18 @@ pub fn slices_of(ctx: &Context, key: &ObjectKey) -> Vec<std::sync::Arc<CachedSli
 /// A slice changed by someone else (our own writes reach the cache first,
 /// and their watch event then changes nothing), or deleted: its Service is
 /// reconciled again. Slices of other managers concern nobody.
-pub fn on_slice(ctx: &Context, change: &Change<CachedSlice>) {
+pub fn on_slice(ctx: &Context, change: &Change<CachedSlice>, received: Option<Instant>) {
     let concerned =
         |slice: &CachedSlice| slice.is_adoptable().then(|| slice.service_key()).flatten();
     match change {
         Change::Added(slice) => {
             if let Some(key) = concerned(slice) {
-                ctx.enqueue_for(Controller::Endpointslices, key);
+                ctx.enqueue_for(Controller::Endpointslices, key, received);
             }
         }
         Change::Updated { old, new } => {
             for key in [concerned(old), concerned(new)].into_iter().flatten() {
-                ctx.enqueue_for(Controller::Endpointslices, key);
+                ctx.enqueue_for(Controller::Endpointslices, key, received);
             }
         }
         Change::DeletionCandidate(slice) => {
@@ -120,7 +136,7 @@ pub fn on_slice(ctx: &Context, change: &Change<CachedSlice>) {
                 .slices
                 .confirm_deleted(&slice.key(), slice.uid(), Confirmation::Released);
             if let Some(key) = concerned(slice) {
-                ctx.enqueue_for(Controller::Endpointslices, key);
+                ctx.enqueue_for(Controller::Endpointslices, key, received);
             }
         }
     }
@@ -133,7 +149,7 @@ pub fn on_slice(ctx: &Context, change: &Change<CachedSlice>) {
 /// role or CPU queues the Services with `Auto` hints. A deleted Node's
 /// tombstone goes at once: the slice reconcile reads a Node live before
 /// dropping the endpoints of pods on it (see `slice_sync.rs`).
-pub fn on_node(ctx: &Context, change: &Change<CachedNode>) {
+pub fn on_node(ctx: &Context, change: &Change<CachedNode>, received: Option<Instant>) {
     let every_service = match change {
         Change::Added(_) => true,
         Change::DeletionCandidate(node) => {
@@ -158,7 +174,7 @@ pub fn on_node(ctx: &Context, change: &Change<CachedNode>) {
         .map(|svc| svc.key())
         .collect();
     for key in keys {
-        ctx.enqueue_for(Controller::Endpointslices, key);
+        ctx.enqueue_for(Controller::Endpointslices, key, received);
     }
 }
 
@@ -166,17 +182,21 @@ pub fn on_node(ctx: &Context, change: &Change<CachedNode>) {
 /// their watch event, which then changes nothing) or deleted: look again.
 /// A deletion while the Service exists is what upstream does on a stale cache;
 /// it is counted whoever did it.
-pub fn on_endpoints(ctx: &Arc<Context>, change: &Change<CachedEndpoints>) {
+pub fn on_endpoints(
+    ctx: &Arc<Context>,
+    change: &Change<CachedEndpoints>,
+    received: Option<Instant>,
+) {
     match change {
         Change::Added(ep) | Change::Updated { new: ep, .. } => {
-            ctx.enqueue_for(Controller::Endpoints, ep.key())
+            ctx.enqueue_for(Controller::Endpoints, ep.key(), received)
         }
         Change::DeletionCandidate(ep) => {
             let key = ep.key();
             ctx.stores
                 .endpoints
                 .confirm_deleted(&key, ep.uid(), Confirmation::Released);
-            ctx.enqueue_for(Controller::Endpoints, key.clone());
+            ctx.enqueue_for(Controller::Endpoints, key.clone(), received);
             if ep.is_deletable() || ctx.stores.services.read().get(&key).is_some() {
                 let ctx = ctx.clone();
                 tokio::spawn(async move { check_deletion_was_spurious(&ctx, key).await });
@@ -235,11 +255,11 @@ mod tests {
         let queue = &ctx.endpoints.queue;
         let mut keys = Vec::new();
         while !queue.is_empty() {
-            let Some(key) = futures::executor::block_on(queue.next()) else {
+            let Some(taken) = futures::executor::block_on(queue.next()) else {
                 break;
             };
-            keys.push(key.to_string());
-            queue.done(&key);
+            keys.push(taken.key.to_string());
+            queue.done(&taken.key);
         }
         keys.sort();
         keys

@@ -6,6 +6,7 @@ pub mod cached;
 pub mod ghost_scan;
 pub mod guard;
 pub mod handlers;
+pub mod latency;
 pub mod orphans;
 pub mod queue;
 pub mod resync;
@@ -23,6 +24,7 @@ mod sync_tests;
 pub(crate) mod testkit;
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use kube::runtime::events::Recorder;
 
@@ -184,17 +186,18 @@ impl Context {
         }
     }
 
-    /// Queues a Service key for every running controller.
-    pub fn enqueue(&self, key: ObjectKey) {
+    /// Queues a Service key for every running controller; `received`: when
+    /// the watch event calling for it arrived (`None` for a resync or sweep).
+    pub fn enqueue(&self, key: ObjectKey, received: Option<Instant>) {
         for controller in self.controllers().iter() {
-            self.work(controller).queue.add(key.clone());
+            self.work(controller).queue.add(key.clone(), received);
         }
     }
 
     /// Queues a Service key for one controller, if it runs.
-    pub fn enqueue_for(&self, controller: Controller, key: ObjectKey) {
+    pub fn enqueue_for(&self, controller: Controller, key: ObjectKey, received: Option<Instant>) {
         if self.controllers().contains(controller) {
-            self.work(controller).queue.add(key);
+            self.work(controller).queue.add(key, received);
         }
     }
 
@@ -220,7 +223,7 @@ pub fn enqueue_all(ctx: &Context) -> usize {
     let keys: Vec<_> = ctx.stores.services.read().iter().map(|s| s.key()).collect();
     let count = keys.len();
     for key in keys {
-        ctx.enqueue(key);
+        ctx.enqueue(key, None);
     }
     resync::sweep(ctx);
     count

@@ -77,7 +77,7 @@ mod tests {
     use crate::reconcile::Context;
     use crate::reconcile::cached::CachedEndpoints;
     use crate::reconcile::sync::reconcile;
-    use crate::reconcile::testkit::context;
+    use crate::reconcile::testkit::{context, untimed};
 
     fn gauge(ctx: &Context) -> i64 {
         ctx.metrics
@@ -142,7 +142,7 @@ mod tests {
         user_endpoints(&ctx, "orphan");
         user_endpoints(&ctx, "manual");
         for key in [&orphan, &manual] {
-            reconcile(&ctx, key)
+            reconcile(&ctx, key, &untimed(&ctx))
                 .await
                 .unwrap_or_else(|err| panic!("reconcile {key}: {err}"));
         }
@@ -153,7 +153,7 @@ mod tests {
         );
 
         selectorless_service(&ctx, "manual");
-        reconcile(&ctx, &manual)
+        reconcile(&ctx, &manual, &untimed(&ctx))
             .await
             .unwrap_or_else(|err| panic!("reconcile {manual}: {err}"));
         assert_eq!(gauge(&ctx), 1, "only the real orphan is counted");
@@ -168,7 +168,7 @@ mod tests {
                 .unwrap_or_else(|err| panic!("endpoints: {err}"));
                 CachedEndpoints::new(ep).unwrap_or_else(|| panic!("cached endpoints"))
             });
-        reconcile(&ctx, &orphan)
+        reconcile(&ctx, &orphan, &untimed(&ctx))
             .await
             .unwrap_or_else(|err| panic!("reconcile {orphan}: {err}"));
         assert_eq!(gauge(&ctx), 0, "a deleted orphan is no longer counted");

@@ -2,11 +2,15 @@
 //! arrive for a key, it is queued once; a key being processed is never handed to a
 //! second worker, and an add during processing requeues it when the worker is done;
 //! failed keys come back after a per-key exponential backoff.
+//!
+//! Each key also carries when the earliest watch event it has not yet served
+//! arrived, so the worker can measure how long that event waited inside the
+//! process before its write went out (`event_to_write_seconds`).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
@@ -21,8 +25,23 @@ struct State<K> {
     dirty: HashSet<K>,
     processing: HashSet<K>,
     failures: HashMap<K, u32>,
+    /// Per key, when the earliest watch event not yet served by a reconcile
+    /// arrived. Several events for one key collapse into one entry, and the
+    /// earliest is kept: the one write that follows serves all of them, and the
+    /// earliest has waited the longest, so keeping a later one would hide the
+    /// time the key sat queued (or was re-dirtied while being processed).
+    received: HashMap<K, Instant>,
     max_retries: u32,
     shutting_down: bool,
+}
+
+/// A key handed to a worker, with the arrival of the earliest watch event it
+/// serves (`None` when only a resync or a sweep queued it since it was last
+/// taken).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Taken<K> {
+    pub key: K,
+    pub received: Option<Instant>,
 }
 
 /// The pure part of the queue: no async, no clock; the async shell wraps it.
@@ -33,14 +52,25 @@ impl<K: Clone + Eq + Hash> State<K> {
             dirty: HashSet::new(),
             processing: HashSet::new(),
             failures: HashMap::new(),
+            received: HashMap::new(),
             max_retries,
             shutting_down: false,
         }
     }
 
-    /// Returns true when the key became available to a worker.
-    fn add(&mut self, key: K) -> bool {
-        if self.shutting_down || !self.dirty.insert(key.clone()) {
+    /// Returns true when the key became available to a worker. `received`:
+    /// when the watch event that queues it arrived, if one did.
+    fn add(&mut self, key: K, received: Option<Instant>) -> bool {
+        if self.shutting_down {
+            return false;
+        }
+        if let Some(at) = received {
+            self.received
+                .entry(key.clone())
+                .and_modify(|earliest| *earliest = (*earliest).min(at))
+                .or_insert(at);
+        }
+        if !self.dirty.insert(key.clone()) {
             return false;
         }
         if self.processing.contains(&key) {
@@ -51,11 +81,16 @@ impl<K: Clone + Eq + Hash> State<K> {
         true
     }
 
-    fn take(&mut self) -> Option<K> {
+    /// The next key; the events recorded for it until now are the ones the
+    /// reconcile about to start serves (it reads caches that already hold
+    /// them), so their instant leaves with the key. Events arriving while it
+    /// is processed start a new entry for the run that follows.
+    fn take(&mut self) -> Option<Taken<K>> {
         let key = self.queue.pop_front()?;
         self.dirty.remove(&key);
         self.processing.insert(key.clone());
-        Some(key)
+        let received = self.received.remove(&key);
+        Some(Taken { key, received })
     }
 
     /// Returns true when the key was queued again (it changed while processed).
@@ -110,15 +145,17 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub fn add(&self, key: K) {
-        if self.lock().add(key) {
+    /// Queues `key`; `received` is when the watch event that calls for it
+    /// arrived (`None` for a resync or a sweep, which no event caused).
+    pub fn add(&self, key: K, received: Option<Instant>) {
+        if self.lock().add(key, received) {
             self.ready.notify_one();
         }
     }
 
     /// The next key to process, or `None` once the queue is shut down and drained
     /// of keys that were waiting.
-    pub async fn next(&self) -> Option<K> {
+    pub async fn next(&self) -> Option<Taken<K>> {
         loop {
             let notified = self.ready.notified();
             tokio::pin!(notified);
@@ -152,14 +189,17 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
     }
 
     /// Requeue after the key's backoff; gives up after the queue's retries.
-    pub fn retry(self: &Arc<Self>, key: K) -> Retry {
+    /// `received` is what the failed reconcile was handed: the events it did
+    /// not manage to serve are still waiting, and the retry's write is
+    /// measured from them.
+    pub fn retry(self: &Arc<Self>, key: K, received: Option<Instant>) -> Retry {
         let Some(delay) = self.lock().next_retry(&key) else {
             return Retry::GaveUp;
         };
         let queue = Arc::clone(self);
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
-            queue.add(key);
+            queue.add(key, received);
         });
         Retry::After(delay)
     }
@@ -182,32 +222,107 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
 mod tests {
     use super::*;
 
+    /// The key of a [`Taken`], for tests that do not look at instants.
+    fn key<K>(taken: Option<Taken<K>>) -> Option<K> {
+        taken.map(|t| t.key)
+    }
+
     #[test]
     fn one_entry_per_key_however_many_adds() {
         let mut s = State::new(MAX_RETRIES);
-        assert!(s.add("a"));
-        assert!(!s.add("a"));
-        assert!(s.add("b"));
-        assert_eq!(s.take(), Some("a"));
-        assert_eq!(s.take(), Some("b"));
-        assert_eq!(s.take(), None);
+        assert!(s.add("a", None));
+        assert!(!s.add("a", None));
+        assert!(s.add("b", None));
+        assert_eq!(key(s.take()), Some("a"));
+        assert_eq!(key(s.take()), Some("b"));
+        assert_eq!(key(s.take()), None);
     }
 
     #[test]
     fn key_in_processing_is_not_handed_out_twice_but_requeued_after() {
         let mut s = State::new(MAX_RETRIES);
-        s.add("a");
-        assert_eq!(s.take(), Some("a"));
+        s.add("a", None);
+        assert_eq!(key(s.take()), Some("a"));
         // An event arrives while a worker holds "a".
-        assert!(!s.add("a"));
+        assert!(!s.add("a", None));
         assert_eq!(
-            s.take(),
+            key(s.take()),
             None,
             "a second worker must not get a key in flight"
         );
         assert!(s.done(&"a"));
-        assert_eq!(s.take(), Some("a"));
+        assert_eq!(key(s.take()), Some("a"));
         assert!(!s.done(&"a"));
+    }
+
+    #[test]
+    fn a_key_queued_by_several_events_carries_the_earliest() {
+        let t0 = Instant::now();
+        let (t1, t2) = (t0 + Duration::from_millis(1), t0 + Duration::from_millis(2));
+        let mut s = State::new(MAX_RETRIES);
+        // Out of order on purpose: two watchers (pods, services) feed one queue.
+        s.add("a", Some(t1));
+        s.add("a", Some(t0));
+        s.add("a", Some(t2));
+        s.add("a", None);
+        assert_eq!(
+            s.take(),
+            Some(Taken {
+                key: "a",
+                received: Some(t0)
+            })
+        );
+    }
+
+    #[test]
+    fn events_during_processing_wait_for_the_next_run_and_earlier_ones_leave_with_the_key() {
+        let t0 = Instant::now();
+        let t1 = t0 + Duration::from_millis(1);
+        let mut s = State::new(MAX_RETRIES);
+        s.add("a", Some(t0));
+        assert_eq!(key(s.take()), Some("a"));
+        // The running reconcile reads caches that may predate this event.
+        s.add("a", Some(t1));
+        assert!(s.done(&"a"));
+        assert_eq!(
+            s.take(),
+            Some(Taken {
+                key: "a",
+                received: Some(t1)
+            })
+        );
+        s.done(&"a");
+        // Queued by a resync only: no event to measure from.
+        s.add("a", None);
+        assert_eq!(
+            s.take(),
+            Some(Taken {
+                key: "a",
+                received: None
+            })
+        );
+    }
+
+    #[test]
+    fn keys_keep_their_own_instants() {
+        let t0 = Instant::now();
+        let t1 = t0 + Duration::from_millis(1);
+        let mut s = State::new(MAX_RETRIES);
+        s.add("a", Some(t1));
+        s.add("b", Some(t0));
+        s.add("c", None);
+        let taken: Vec<_> = std::iter::from_fn(|| s.take())
+            .map(|t| (t.key, t.received))
+            .collect();
+        assert_eq!(taken, vec![("a", Some(t1)), ("b", Some(t0)), ("c", None)]);
+    }
+
+    #[test]
+    fn nothing_is_recorded_after_shutdown() {
+        let mut s = State::new(MAX_RETRIES);
+        s.shutting_down = true;
+        assert!(!s.add("a", Some(Instant::now())));
+        assert!(s.received.is_empty());
     }
 
     #[test]
@@ -229,9 +344,9 @@ mod tests {
             let q = q.clone();
             tokio::spawn(async move {
                 let mut seen = Vec::new();
-                while let Some(k) = q.next().await {
-                    seen.push(k);
-                    q.done(&k);
+                while let Some(taken) = q.next().await {
+                    seen.push(taken.key);
+                    q.done(&taken.key);
                     if seen.len() == 3 {
                         break;
                     }
@@ -239,10 +354,10 @@ mod tests {
                 seen
             })
         };
-        q.add(1);
-        q.add(2);
-        q.add(2);
-        q.add(3);
+        q.add(1, None);
+        q.add(2, None);
+        q.add(2, None);
+        q.add(3, None);
         let seen = tokio::time::timeout(Duration::from_secs(5), worker)
             .await
             .expect("worker finished")
@@ -250,5 +365,26 @@ mod tests {
         assert_eq!(seen, vec![1, 2, 3]);
         q.shutdown();
         assert_eq!(q.next().await, None);
+    }
+
+    #[tokio::test]
+    async fn a_retried_key_keeps_the_instant_of_the_event_it_has_not_served() {
+        let q: Arc<WorkQueue<&str>> = WorkQueue::new(MAX_RETRIES);
+        let t0 = Instant::now();
+        q.add("a", Some(t0));
+        let taken = q.next().await.expect("queued");
+        assert_eq!(q.retry(taken.key, taken.received), Retry::After(BASE_DELAY));
+        q.done(&taken.key);
+        let again = tokio::time::timeout(Duration::from_secs(5), q.next())
+            .await
+            .expect("requeued after its 5 ms backoff")
+            .expect("queue open");
+        assert_eq!(
+            again,
+            Taken {
+                key: "a",
+                received: Some(t0)
+            }
+        );
     }
 }

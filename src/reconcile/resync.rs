@@ -126,7 +126,7 @@ fn sweep_slices(ctx: &Context) {
             .collect()
     };
     for key in orphaned {
-        ctx.enqueue_for(Controller::Endpointslices, key);
+        ctx.enqueue_for(Controller::Endpointslices, key, None);
     }
 }
 
@@ -140,12 +140,12 @@ fn sweep_endpoints(ctx: &Context) {
     for ep in endpoints.iter() {
         let key = ep.key();
         if services.get(&key).is_none() {
-            ctx.enqueue_for(Controller::Endpoints, key);
+            ctx.enqueue_for(Controller::Endpoints, key, None);
         }
     }
     for svc in services.iter() {
         if desired::managed_selector(svc).is_some() && endpoints.get(&svc.key()).is_none() {
-            ctx.enqueue_for(Controller::Endpoints, svc.key());
+            ctx.enqueue_for(Controller::Endpoints, svc.key(), None);
         }
     }
 }

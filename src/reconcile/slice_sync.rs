@@ -20,6 +20,7 @@ use tracing::{debug, info, warn};
 
 use super::cached::{CachedService, CachedSlice, slice_pod_refs};
 use super::guard::{self, ServiceLookup};
+use super::latency::WriteTimer;
 use super::sync::{self, Verb};
 use super::{Context, handlers};
 use crate::config::{Controller, Mode};
@@ -33,7 +34,8 @@ use hardened_watcher::{Cached, LiveRead, ObjectKey, ReadStamp, live};
 
 const CONTROLLER: Controller = Controller::Endpointslices;
 
-pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<()> {
+/// `timer` times the first write (see [`WriteTimer`]).
+pub async fn reconcile(ctx: &Context, key: &ObjectKey, timer: &WriteTimer) -> Result<()> {
     let existing = handlers::slices_of(ctx, key);
     let service = match ctx.stores.services.get(key) {
         Some(svc) => svc,
@@ -43,7 +45,7 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<()> {
             return Ok(());
         }
         None => match guard::lookup_service(ctx, CONTROLLER, key).await? {
-            ServiceLookup::Gone => return delete_all(ctx, key, &existing).await,
+            ServiceLookup::Gone => return delete_all(ctx, key, &existing, timer).await,
             ServiceLookup::Exists(svc) => svc,
         },
     };
@@ -90,7 +92,7 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<()> {
     };
     let plan = slices::plan_slices(&wanted, &current, &zones, &options);
     if !plan.is_empty() {
-        apply(ctx, key, &current, &wanted, plan).await?;
+        apply(ctx, key, &current, &wanted, plan, timer).await?;
     }
     // As upstream: what could be written was; the Service comes back with
     // backoff until its pods' Nodes are known.
@@ -208,6 +210,7 @@ async fn apply(
     current: &[EndpointSlice],
     wanted: &DesiredSlices,
     plan: SlicePlan,
+    timer: &WriteTimer,
 ) -> Result<()> {
     if !may_write(ctx, key, &plan) {
         return Ok(());
@@ -215,7 +218,7 @@ async fn apply(
     let api: Api<EndpointSlice> = Api::namespaced(ctx.client.clone(), &key.namespace);
     for slice in &plan.creates {
         let stamp = ctx.stores.slices.read_stamp();
-        match api.create(&PostParams::default(), slice).await {
+        match timer.write(api.create(&PostParams::default(), slice)).await {
             Ok(written) => {
                 count_write(ctx, Verb::Create);
                 remember(ctx, written, &stamp);
@@ -230,7 +233,10 @@ async fn apply(
     for slice in &plan.updates {
         let name = slice.metadata.name.clone().unwrap_or_default();
         let stamp = ctx.stores.slices.read_stamp();
-        match api.replace(&name, &PostParams::default(), slice).await {
+        match timer
+            .write(api.replace(&name, &PostParams::default(), slice))
+            .await
+        {
             Ok(written) => {
                 count_write(ctx, Verb::Update);
                 remember(ctx, written, &stamp);
@@ -239,7 +245,7 @@ async fn apply(
         }
     }
     for slice in &plan.deletes {
-        delete_one(ctx, &api, key, slice).await?;
+        delete_one(ctx, &api, key, slice, timer).await?;
     }
     release_dropped(ctx, key, current, wanted);
     Ok(())
@@ -267,7 +273,12 @@ fn release_dropped(
 /// Deletes every slice of ours for a Service a live read showed gone. Each
 /// delete carries the UID and resourceVersion read, so a slice changed or
 /// re-created since is not deleted.
-async fn delete_all(ctx: &Context, key: &ObjectKey, existing: &[Arc<CachedSlice>]) -> Result<()> {
+async fn delete_all(
+    ctx: &Context,
+    key: &ObjectKey,
+    existing: &[Arc<CachedSlice>],
+    timer: &WriteTimer,
+) -> Result<()> {
     let plan = SlicePlan {
         deletes: existing.iter().map(|s| s.decode()).collect::<Result<_>>()?,
         ..SlicePlan::default()
@@ -277,7 +288,7 @@ async fn delete_all(ctx: &Context, key: &ObjectKey, existing: &[Arc<CachedSlice>
     }
     let api: Api<EndpointSlice> = Api::namespaced(ctx.client.clone(), &key.namespace);
     for slice in &plan.deletes {
-        delete_one(ctx, &api, key, slice).await?;
+        delete_one(ctx, &api, key, slice, timer).await?;
     }
     info!(%key, slices = plan.deletes.len(), "deleted EndpointSlices of a Service confirmed gone");
     ctx.slices.trigger_times.forget(key);
@@ -289,6 +300,7 @@ async fn delete_one(
     api: &Api<EndpointSlice>,
     key: &ObjectKey,
     slice: &EndpointSlice,
+    timer: &WriteTimer,
 ) -> Result<()> {
     let name = slice.metadata.name.clone().unwrap_or_default();
     let params = DeleteParams {
@@ -298,7 +310,7 @@ async fn delete_one(
         }),
         ..DeleteParams::default()
     };
-    match api.delete(&name, &params).await {
+    match timer.write(api.delete(&name, &params)).await {
         Ok(_) => {
             count_write(ctx, Verb::Delete);
             Ok(())

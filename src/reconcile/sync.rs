@@ -13,6 +13,7 @@ use std::collections::HashSet;
 
 use super::cached::{CachedEndpoints, managed_by, pod_target_refs};
 use super::guard::{self, ServiceLookup};
+use super::latency::WriteTimer;
 use super::{Context, handlers, orphans};
 use crate::config::{Controller, Mode};
 use crate::desired::{self, PodInfo};
@@ -48,7 +49,8 @@ impl std::fmt::Display for Verb {
     }
 }
 
-pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<()> {
+/// `timer` times the first write (see [`WriteTimer`]).
+pub async fn reconcile(ctx: &Context, key: &ObjectKey, timer: &WriteTimer) -> Result<()> {
     let service = ctx.stores.services.get(key);
     let endpoints = ctx.stores.endpoints.get(key);
     orphans::observe(ctx, key, service.is_some(), endpoints.as_deref());
@@ -68,7 +70,7 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<()> {
                 return Ok(());
             }
             Some(ep) => match guard::lookup_service(ctx, Controller::Endpoints, key).await? {
-                ServiceLookup::Gone => return delete_endpoints(ctx, key, ep).await,
+                ServiceLookup::Gone => return delete_endpoints(ctx, key, ep, timer).await,
                 ServiceLookup::Exists(svc) => svc,
             },
         },
@@ -113,7 +115,7 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<()> {
         trigger,
         ctx.managed_by.endpoints(),
     );
-    apply(ctx, key, endpoints.as_ref(), wanted).await
+    apply(ctx, key, endpoints.as_ref(), wanted, timer).await
 }
 
 /// The cached pods of `namespace` that `selector` selects.
@@ -167,6 +169,7 @@ async fn apply(
     key: &ObjectKey,
     current: Option<&Endpoints>,
     wanted: Endpoints,
+    timer: &WriteTimer,
 ) -> Result<()> {
     let verb = if current.is_some() {
         Verb::Update
@@ -186,7 +189,7 @@ async fn apply(
         return Ok(());
     }
     let stamp = ctx.stores.endpoints.read_stamp();
-    match write_endpoints(ctx, key, verb, &wanted).await {
+    match write_endpoints(ctx, key, verb, &wanted, timer).await {
         Ok(written) => {
             ctx.metrics
                 .endpoints_writes
@@ -245,12 +248,14 @@ async fn apply(
 /// Creates (`Verb::Create`) or replaces Endpoints: what `Api::create` and
 /// `Api::replace` do, but the answer is decoded as [`EndpointsWire`], its
 /// subsets kept as text for the cache instead of decoded address by address
-/// only to be encoded again.
+/// only to be encoded again. The write counts as sent once its body is
+/// encoded, when the request is handed to the client.
 async fn write_endpoints(
     ctx: &Context,
     key: &ObjectKey,
     verb: Verb,
     wanted: &Endpoints,
+    timer: &WriteTimer,
 ) -> std::result::Result<EndpointsWire, kube::Error> {
     let request = Request::new(Endpoints::url_path(&(), Some(&key.namespace)));
     let body = serde_json::to_vec(wanted).map_err(kube::Error::SerdeError)?;
@@ -261,7 +266,7 @@ async fn write_endpoints(
     };
     let mut req = built.map_err(kube::Error::BuildRequest)?;
     req.extensions_mut().insert(name);
-    ctx.client.request::<EndpointsWire>(req).await
+    timer.write(ctx.client.request::<EndpointsWire>(req)).await
 }
 
 /// Pods (name, uid) that the `current` targetRefs name and the `written`
@@ -346,7 +351,12 @@ pub(super) fn is_namespace_terminating(err: &kube::Error) -> bool {
 /// Deletes Endpoints whose Service a live read showed gone. The precondition on
 /// UID and resourceVersion makes the API refuse if the Endpoints were re-created
 /// or changed since we read them.
-async fn delete_endpoints(ctx: &Context, key: &ObjectKey, ep: &CachedEndpoints) -> Result<()> {
+async fn delete_endpoints(
+    ctx: &Context,
+    key: &ObjectKey,
+    ep: &CachedEndpoints,
+    timer: &WriteTimer,
+) -> Result<()> {
     if ctx.mode == Mode::Audit {
         ctx.metrics
             .audit_divergences
@@ -367,7 +377,7 @@ async fn delete_endpoints(ctx: &Context, key: &ObjectKey, ep: &CachedEndpoints) 
         }),
         ..DeleteParams::default()
     };
-    match api.delete(&key.name, &params).await {
+    match timer.write(api.delete(&key.name, &params)).await {
         Ok(_) => {
             ctx.metrics
                 .endpoints_writes

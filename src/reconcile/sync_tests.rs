@@ -8,7 +8,7 @@ use serde_json::json;
 
 use super::cached::CachedEndpoints;
 use super::sync::reconcile;
-use super::testkit::{endpoints, pod, scripted, service};
+use super::testkit::{endpoints, pod, scripted, service, untimed};
 use crate::reconcile::Context;
 
 const NS: &str = "ns";
@@ -69,7 +69,7 @@ async fn endpoints_of_a_service_read_gone_are_deleted_with_preconditions() {
     ])
     .await;
     cache_endpoints(&ctx, &[("web-0", "10.0.0.1")]);
-    let result = reconcile(&ctx, &web()).await;
+    let result = reconcile(&ctx, &web(), &untimed(&ctx)).await;
     assert!(result.is_ok(), "{result:?}");
     assert_eq!(
         api_requests(&peer),
@@ -91,7 +91,7 @@ async fn a_404_that_is_not_a_not_found_of_the_service_deletes_nothing() {
     ] {
         let (peer, ctx) = scripted(vec![reply.clone()]).await;
         cache_endpoints(&ctx, &[("web-0", "10.0.0.1")]);
-        let result = reconcile(&ctx, &web()).await;
+        let result = reconcile(&ctx, &web(), &untimed(&ctx)).await;
         assert!(result.is_err(), "{reply:?}");
         assert_eq!(
             api_requests(&peer),
@@ -115,7 +115,7 @@ async fn a_conflict_reads_the_endpoints_again_and_fails_for_a_retry() {
     .await;
     cache_service_and_pod(&ctx);
     cache_endpoints(&ctx, &[]);
-    let result = reconcile(&ctx, &web()).await;
+    let result = reconcile(&ctx, &web(), &untimed(&ctx)).await;
     let err = result.err().map(|e| e.metric_label());
     assert_eq!(err, Some("conflict"));
     assert_eq!(
@@ -126,7 +126,7 @@ async fn a_conflict_reads_the_endpoints_again_and_fails_for_a_retry() {
         ]
     );
     // The retry starts from what the read returned: nothing left to write.
-    let result = reconcile(&ctx, &web()).await;
+    let result = reconcile(&ctx, &web(), &untimed(&ctx)).await;
     assert!(result.is_ok(), "{result:?}");
     assert_eq!(api_requests(&peer).len(), 2, "no second write");
 }
@@ -142,7 +142,7 @@ async fn a_create_refused_for_a_terminating_namespace_is_dropped_quietly() {
     );
     let (peer, ctx) = scripted(vec![terminating]).await;
     cache_service_and_pod(&ctx);
-    let result = reconcile(&ctx, &web()).await;
+    let result = reconcile(&ctx, &web(), &untimed(&ctx)).await;
     assert!(result.is_ok(), "{result:?}");
     assert_eq!(
         api_requests(&peer),
@@ -162,7 +162,7 @@ async fn a_refused_or_timed_out_write_is_an_error_reported_as_an_event() {
     ] {
         let (peer, ctx) = scripted(vec![reply]).await;
         cache_service_and_pod(&ctx);
-        let result = reconcile(&ctx, &web()).await;
+        let result = reconcile(&ctx, &web(), &untimed(&ctx)).await;
         assert_eq!(result.err().map(|e| e.metric_label()), Some(label));
         assert!(
             peer.requests().iter().any(|r| r.contains("events.k8s.io")),

@@ -8,8 +8,9 @@ use k8s_openapi::api::core::v1::{Endpoints, Service};
 use kube::runtime::events::{Recorder, Reporter};
 use serde_json::json;
 
+use super::latency::WriteTimer;
 use super::{Context, Stores, Work};
-use crate::config::Mode;
+use crate::config::{Controller, Mode};
 use crate::desired::{ManagedBy, PodFields, PodInfo};
 use crate::metrics::Metrics;
 
@@ -48,6 +49,11 @@ pub async fn scripted(
     peer.route("POST", "/apis/events.k8s.io", Reply::Body("{}".into()));
     let ctx = context_with(peer.client(std::time::Duration::from_secs(1)));
     (peer, ctx)
+}
+
+/// The timer of a reconcile no event caused: it records nothing.
+pub fn untimed(ctx: &Context) -> WriteTimer {
+    WriteTimer::new(&ctx.metrics, Controller::Endpoints, None)
 }
 
 /// A context whose client points nowhere: for code that never calls the API.

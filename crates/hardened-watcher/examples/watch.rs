@@ -130,7 +130,7 @@ async fn main() -> Result<()> {
     // Changes are printed at once; deletion candidates are confirmed by a
     // live read on another task (the sink must not block the watcher).
     let (candidates, mut to_confirm) = mpsc::unbounded_channel::<Arc<Identity>>();
-    let sink: Sink<Identity> = Arc::new(move |change: &Change<Identity>| match change {
+    let sink: Sink<Identity> = Arc::new(move |change: &Change<Identity>, _arrived| match change {
         Change::Added(o) => println!("ADDED {} rv={}", o.key, o.resource_version),
         Change::Updated { new, .. } => println!("UPDATED {} rv={}", new.key, new.resource_version),
         Change::DeletionCandidate(o) => {

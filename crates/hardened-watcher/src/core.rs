@@ -5,6 +5,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Instant;
 
 use kube::runtime::utils::Backoff;
 use tokio::sync::oneshot;
@@ -23,7 +24,12 @@ use super::store::{Request, ResyncReport, Store};
 /// list diffs and repairs alike. Deletion candidates included: the receiver
 /// confirms them with a live read before acting. Called on the watcher's
 /// task with no lock held; it must not block.
-pub type Sink<T> = Arc<dyn Fn(&Change<T>) + Send + Sync>;
+///
+/// The [`Instant`] is when what the change came from arrived: the watch
+/// line, the list page that completed the list, or the live read's answer
+/// (see [`WatchCore::input_arrived`]). A receiver measures from it how long
+/// it takes to act on a change, decoding and caching included.
+pub type Sink<T> = Arc<dyn Fn(&Change<T>, Instant) + Send + Sync>;
 
 /// What the driver must do next.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -63,6 +69,9 @@ pub struct WatchCore<T: Cached> {
     pub(super) replay_until: Option<String>,
     /// Changes of the list that ended, for the next resync report.
     pub(super) report: ResyncReport,
+    /// When the input being applied arrived; handed to the sink with every
+    /// change it causes.
+    pub(super) arrived: Instant,
 }
 
 impl<T: Cached> WatchCore<T> {
@@ -89,7 +98,18 @@ impl<T: Cached> WatchCore<T> {
             waiting: Vec::new(),
             replay_until: None,
             report: ResyncReport::default(),
+            arrived: Instant::now(),
         }
+    }
+
+    /// Records when the next input (a watch line, a list page, a live read's
+    /// answer) arrived, before it is handed to `on_line`, `on_list_page` or
+    /// `on_read`: the changes it causes reach the sink with this instant. The
+    /// driver calls it the moment the input is read, so the time spent
+    /// decoding and caching counts as the receiver's; without a call, changes
+    /// carry the previous input's instant.
+    pub fn input_arrived(&mut self, at: Instant) {
+        self.arrived = at;
     }
 
     pub(super) fn resource(&self) -> &'static str {
@@ -367,7 +387,7 @@ impl<T: Cached> WatchCore<T> {
                 self.observer.deletion_candidate(self.resource(), source);
             }
         }
-        (self.sink)(&change);
+        (self.sink)(&change, self.arrived);
     }
 
     pub(super) fn report_size(&self) {

@@ -4,7 +4,7 @@
 
 use std::fmt::Debug;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::{AsyncBufReadExt, Stream, StreamExt};
 use kube::api::{Api, WatchParams};
@@ -192,6 +192,7 @@ where
                         page = fetch_page(&client, &request, 1, None) => page,
                         () = stopped(&mut self.shutdown) => return Ok(()),
                     };
+                    self.core.input_arrived(Instant::now());
                     self.core.on_probe(page.and_then(|body| page_rv(&body)));
                     Flow::Continue
                 }
@@ -203,6 +204,7 @@ where
                         read = live::get::<K>(&client, &self.dyntype, &key) => read,
                         () = stopped(&mut self.shutdown) => return Ok(()),
                     };
+                    self.core.input_arrived(Instant::now());
                     let project = &self.project;
                     let read = read.and_then(|read| match read {
                         LiveRead::Found(obj) => project(obj)
@@ -253,6 +255,7 @@ where
             page = fetch_page(client, request, limit, continue_token) => page,
             () = stopped(&mut self.shutdown) => return Flow::Stop,
         };
+        self.core.input_arrived(Instant::now());
         self.core
             .on_list_page(page.and_then(|body| decode_page(&body, &self.project)));
         Flow::Continue
@@ -316,6 +319,7 @@ where
                     return Ok(Flow::Continue);
                 }
                 Some(Ok(line)) => {
+                    self.core.input_arrived(Instant::now());
                     let project = &self.project;
                     let ends = self
                         .core

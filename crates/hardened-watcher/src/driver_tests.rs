@@ -58,7 +58,7 @@ impl Running {
         let store = Store::new("services");
         let delivered = Arc::new(Mutex::new(Vec::new()));
         let sink_log = delivered.clone();
-        let sink: Sink<Svc> = Arc::new(move |change: &Change<Svc>| {
+        let sink: Sink<Svc> = Arc::new(move |change: &Change<Svc>, _arrived| {
             sink_log
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)

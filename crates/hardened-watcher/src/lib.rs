@@ -25,7 +25,7 @@
 //!
 //! # async fn demo(client: kube::Client) -> Result<(), hardened_watcher::WatchError> {
 //! let store = Store::<Name>::new("configmaps");
-//! let sink: hardened_watcher::Sink<Name> = Arc::new(|change: &Change<Name>| {
+//! let sink: hardened_watcher::Sink<Name> = Arc::new(|change: &Change<Name>, _arrived| {
 //!     // Deletion candidates are only candidates: read the object before acting.
 //!     println!("{change:?}");
 //! });

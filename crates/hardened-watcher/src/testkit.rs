@@ -161,7 +161,7 @@ impl Harness {
         let observer = Arc::new(CountingObserver::default());
         let core = WatchCore::new(
             store.clone(),
-            Arc::new(move |change: &Change<Obj>| {
+            Arc::new(move |change: &Change<Obj>, _arrived| {
                 sink_log
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
