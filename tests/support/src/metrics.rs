@@ -2,7 +2,7 @@
 
 /// `name{a="x",b="y"}` → (`name`, [(`a`, `x`), (`b`, `y`)]). Label values
 /// here come from fixed sets without commas or quotes.
-fn parse_series(series: &str) -> (&str, Vec<(&str, &str)>) {
+pub(crate) fn parse_series(series: &str) -> (&str, Vec<(&str, &str)>) {
     let Some((name, rest)) = series.split_once('{') else {
         return (series, Vec::new());
     };

@@ -19,10 +19,12 @@
 //! requests from the audit log). Between controllers the flipped pods are
 //! made Ready again and every Endpoints object and EndpointSlice is deleted.
 //! CPU and peak RSS come from /proc, requests from the audit log (see
-//! [`audit`]).
+//! [`audit`]). For endpoints-guard, churn is also measured inside the
+//! process, from its event-to-write histograms ([`inproc`]).
 
 mod audit;
 mod controllers;
+pub mod inproc;
 mod kind;
 mod observe;
 pub mod procstat;
@@ -228,6 +230,21 @@ impl Bench {
             run.writes,
             run.changes
         ));
+        if let Some(p) = &run.in_process {
+            log(&format!(
+                "{} {}: in the process, event → write sent p50/p99/p99.9 {:.3}/{:.3}/{:.3} ms (slowest ≤ {:.3} ms), → answered p50/p99/p99.9 {:.3}/{:.3}/{:.3} ms, {} writes",
+                self.kind.objects(),
+                controller.name(),
+                p.sent_p50_ms,
+                p.sent_p99_ms,
+                p.sent_p999_ms,
+                p.sent_max_ms,
+                p.answered_p50_ms,
+                p.answered_p99_ms,
+                p.answered_p999_ms,
+                p.samples
+            ));
+        }
         Ok((run, lat))
     }
 
@@ -375,6 +392,12 @@ impl Bench {
         mark = self.close(&mut phases, "cold", mark, &running)?;
 
         log(&format!("{} {}: churn", kind.objects(), c.name()));
+        // endpoints-guard's histograms before and after churn: their
+        // difference is churn's writes alone.
+        let scrape_before = match c {
+            Controller::Guard => Some(running.metrics().await?),
+            _ => None,
+        };
         let (flips, failed) = self.churn().await?;
         let _ = obs
             .wait_for("churn drained", Duration::from_secs(30), |o| {
@@ -383,6 +406,19 @@ impl Bench {
             .await;
         tokio::time::sleep(Duration::from_secs(1)).await;
         let (mut latencies, missed) = obs.take_latencies();
+        let in_process = match scrape_before {
+            Some(before) => {
+                let after = running.metrics().await?;
+                let figures = inproc::InProcess::between(kind, &before, &after);
+                if figures.is_none() {
+                    log(
+                        "endpoints-guard exports no event-to-write histograms: no in-process figures",
+                    );
+                }
+                figures
+            }
+            None => None,
+        };
         mark = self.close(&mut phases, "churn", mark, &running)?;
 
         log(&format!("{} {}: steady", kind.objects(), c.name()));
@@ -432,6 +468,7 @@ impl Bench {
             phases,
             resync,
             ghost_scan_qps: (c == Controller::Guard).then_some(self.opts.ghost_scan_qps),
+            in_process,
             client_qps: match c {
                 Controller::Guard => None,
                 Controller::Upstream => Some(upstream_qps(&self.opts.upstream_args)),

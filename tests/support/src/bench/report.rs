@@ -11,6 +11,7 @@ use std::path::Path;
 use anyhow::{Context as _, Result};
 use serde::{Deserialize, Serialize};
 
+use super::inproc::InProcess;
 use super::{BenchOptions, Controller, Kind, Phase, Resync};
 
 /// One controller at one size. The first fields are the ones issue 7 names;
@@ -54,6 +55,11 @@ pub struct RunResult {
     /// endpoints-guard; reports written before it was recorded: 20).
     #[serde(default)]
     pub client_qps: Option<u32>,
+    /// endpoints-guard's own time in churn, from its event-to-write
+    /// histograms (none for kube-controller-manager, and for reports
+    /// written before they were scraped).
+    #[serde(default)]
+    pub in_process: Option<InProcess>,
 }
 
 impl RunResult {
@@ -156,6 +162,7 @@ pub(super) struct Parts<'a> {
     pub resync: Option<Resync>,
     pub ghost_scan_qps: Option<f64>,
     pub client_qps: Option<u32>,
+    pub in_process: Option<InProcess>,
 }
 
 /// Nearest-rank percentile of sorted values (0 when empty).
@@ -205,6 +212,7 @@ pub(super) fn assemble(parts: Parts<'_>) -> RunResult {
         resync: parts.resync,
         ghost_scan_qps: parts.ghost_scan_qps,
         client_qps: parts.client_qps,
+        in_process: parts.in_process,
     }
 }
 
@@ -396,6 +404,32 @@ pub fn markdown(kind: Kind, runs: &[RunResult]) -> String {
         out += &num("churn p50 (ms)", &|r| r.churn_p50_ms, 1);
         out += &num("churn p90 (ms)", &|r| r.churn_p90_ms, 1);
         out += &num("churn p99 (ms)", &|r| r.churn_p99_ms, 1);
+        // Only endpoints-guard measures itself: "—" elsewhere, and no ratio.
+        let inside = |name: &str, f: &dyn Fn(&InProcess) -> f64| {
+            let mut line = format!("| {name} |");
+            for r in &columns {
+                match &r.in_process {
+                    Some(p) => {
+                        let _ = write!(line, " {:.3} |", f(p));
+                    }
+                    None => line.push_str(" — |"),
+                }
+            }
+            line.push_str(&" — |".repeat(against.len()));
+            line + "\n"
+        };
+        out += &inside(
+            "churn p50 inside the process, event → write sent (ms)",
+            &|p| p.sent_p50_ms,
+        );
+        out += &inside(
+            "churn p99 inside the process, event → write sent (ms)",
+            &|p| p.sent_p99_ms,
+        );
+        out += &inside(
+            "churn p99 inside the process, event → write answered (ms)",
+            &|p| p.answered_p99_ms,
+        );
         out += &num("CPU, cold+churn+steady (s)", &|r| r.cpu_s, 2);
         out += &num(
             "CPU less the ghost scan's reads (estimate, s)",
@@ -509,6 +543,14 @@ pub fn markdown(kind: Kind, runs: &[RunResult]) -> String {
                 ratio(o.churn_p99_ms, t.churn_p99_ms),
                 q(o.churn_p99_ms, t.churn_p99_ms) <= 1.0,
             );
+            if let Some(p) = &o.in_process {
+                row(
+                    &mut out,
+                    "churn p99 inside the process (event → write sent) ≤ 1 ms",
+                    format!("{:.3} ms over {} writes", p.sent_p99_ms, p.samples),
+                    p.sent_p99_ms <= 1.0,
+                );
+            }
             row(
                 &mut out,
                 "cold sync ≤ 1.0×",
@@ -554,7 +596,7 @@ pub fn markdown(kind: Kind, runs: &[RunResult]) -> String {
     }
     let _ = writeln!(
         out,
-        "\nRequests are counted from kube-apiserver's audit log (one ServiceAccount per controller). Writes are {} watch events (ADDED, MODIFIED, DELETED) seen by an independent watch. CPU and peak RSS come from /proc/<pid>/stat and VmHWM.",
+        "\nRequests are counted from kube-apiserver's audit log (one ServiceAccount per controller). Writes are {} watch events (ADDED, MODIFIED, DELETED) seen by an independent watch. CPU and peak RSS come from /proc/<pid>/stat and VmHWM. \"Inside the process\" figures are endpoints-guard's `endpoints_guard_event_to_write_seconds` and `_answered_seconds` histograms over churn alone (scraped before and after): from the watch event's arrival to the first write of the reconcile it queued being sent, and to that write's answer; interpolated inside buckets about 19 % wide, as `histogram_quantile` does.",
         kind.objects()
     );
     out
