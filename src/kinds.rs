@@ -102,7 +102,7 @@ impl Kind for ServiceKind {
         &stores.services
     }
     fn on_change(ctx: &Arc<Context>, change: &Change<CachedService>, received: Instant) {
-        handlers::on_service_at(ctx, change, Some(received));
+        handlers::on_service(ctx, change, Some(received));
     }
     /// Endpoints of ours under its name, or slices of ours labelled for it.
     fn at_stake(ctx: &Context, key: &ObjectKey, _uid: &str) -> bool {
@@ -135,7 +135,7 @@ impl Kind for PodKind {
         &stores.pods
     }
     fn on_change(ctx: &Arc<Context>, change: &Change<PodInfo>, received: Instant) {
-        handlers::on_pod_at(ctx, change, Some(received));
+        handlers::on_pod(ctx, change, Some(received));
     }
     /// An address of our Endpoints, or an endpoint of our slices, names it.
     fn at_stake(ctx: &Context, key: &ObjectKey, uid: &str) -> bool {

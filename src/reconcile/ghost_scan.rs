@@ -389,7 +389,7 @@ async fn repair_pod(
     };
     match ctx.stores.pods.restore(info, stamp).outcome {
         Outcome::Applied(change) => {
-            handlers::on_pod(ctx, &change);
+            handlers::on_pod(ctx, &change, Some(Instant::now()));
             Ok(true)
         }
         Outcome::Stale(_) | Outcome::Unchanged => Ok(false),
@@ -411,7 +411,7 @@ async fn repair_service(
     let cached: CachedService = Whole(strip_managed_fields(svc));
     match ctx.stores.services.restore(cached, stamp).outcome {
         Outcome::Applied(change) => {
-            handlers::on_service(ctx, &change);
+            handlers::on_service(ctx, &change, Some(Instant::now()));
             Ok(true)
         }
         Outcome::Stale(_) | Outcome::Unchanged => Ok(false),
@@ -425,12 +425,12 @@ fn evict(ctx: &Arc<Context>, target: &Target) {
     match target.kind {
         Kind::Pod => {
             if let Some(change) = ctx.stores.pods.evict_ghost(&target.key, &target.uid) {
-                handlers::on_pod(ctx, &change);
+                handlers::on_pod(ctx, &change, Some(Instant::now()));
             }
         }
         Kind::Service => {
             if let Some(change) = ctx.stores.services.evict_ghost(&target.key, &target.uid) {
-                handlers::on_service(ctx, &change);
+                handlers::on_service(ctx, &change, Some(Instant::now()));
             }
         }
     }

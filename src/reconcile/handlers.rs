@@ -16,14 +16,9 @@ use crate::desired::slices::{HintMode, hint_mode};
 use crate::desired::{self, PodInfo};
 use hardened_watcher::{Cached, Change, Confirmation, LiveRead, ObjectKey, live};
 
-/// A Service change that no watch brought (the ghost scan's repair): nothing
-/// to time its write from.
-pub fn on_service(ctx: &Context, change: &Change<CachedService>) {
-    on_service_at(ctx, change, None);
-}
-
-/// A Service change that arrived at `received`.
-pub fn on_service_at(ctx: &Context, change: &Change<CachedService>, received: Option<Instant>) {
+/// A Service change that arrived at `received` (a watch event, or the answer
+/// to the ghost scan's read; `None` in tests): its write is timed from then.
+pub fn on_service(ctx: &Context, change: &Change<CachedService>, received: Option<Instant>) {
     let svc = match change {
         Change::Added(s) | Change::DeletionCandidate(s) => s,
         Change::Updated { new, .. } => new,
@@ -31,16 +26,10 @@ pub fn on_service_at(ctx: &Context, change: &Change<CachedService>, received: Op
     ctx.enqueue(svc.key(), received);
 }
 
-/// A pod change that no watch brought (the ghost scan's repair): nothing to
-/// time its write from.
-pub fn on_pod(ctx: &Context, change: &Change<PodInfo>) {
-    on_pod_at(ctx, change, None);
-}
-
 /// A pod change concerns the Services selecting it before and after; a change to
 /// nothing Endpoints are made of (for example a new annotation) concerns none.
-/// `received`: when it arrived.
-pub fn on_pod_at(ctx: &Context, change: &Change<PodInfo>, received: Option<Instant>) {
+/// `received`: when it arrived, as for [`on_service`].
+pub fn on_pod(ctx: &Context, change: &Change<PodInfo>, received: Option<Instant>) {
     let (old, new) = match change {
         Change::DeletionCandidate(p) => {
             release_if_unreferenced(ctx, p);
@@ -283,7 +272,7 @@ mod tests {
             old: Arc::new(pod("ns", "a", "1")),
             new: Arc::new(pod("ns", "b", "2")),
         };
-        on_pod(&ctx, &change);
+        on_pod(&ctx, &change, None);
         assert_eq!(queued(&ctx), vec!["ns/a", "ns/b"]);
     }
 
@@ -299,7 +288,7 @@ mod tests {
             old: Arc::new(pod("ns", "a", "1")),
             new: Arc::new(pod("ns", "a", "2")),
         };
-        on_pod(&ctx, &change);
+        on_pod(&ctx, &change, None);
         assert!(queued(&ctx).is_empty());
     }
 
@@ -312,7 +301,7 @@ mod tests {
         pods.apply_event(WatchEventKind::Deleted, pod("ns", "a", "2"));
         assert_eq!(pods.tombstone_count(), 1);
         drop(pods);
-        on_pod(&ctx, &Change::DeletionCandidate(Arc::new(p)));
+        on_pod(&ctx, &Change::DeletionCandidate(Arc::new(p)), None);
         assert_eq!(ctx.stores.pods.read().tombstone_count(), 0);
     }
 }
