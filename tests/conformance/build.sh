@@ -7,9 +7,11 @@
 #                         tests/controlplane/kubernetes
 #   bin/kwok              KWOK (sigs.k8s.io/kwok, kwok/): fake nodes and pod lifecycles
 #   kwok-stages.yaml      KWOK's own node and pod stages, read from its module
-#   bin/agnhost           upstream's test image program (agnhost/, the same pins as
+#   bin/agnhost           upstream's test image program (node/, the same pins as
 #                         e2e/), for the real-node specs' image
-#                         (hack/conformance-images.sh)
+#                         (hack/conformance-node.sh)
+#   bin/kubectl           kubectl of the same release (node/), which the suite runs
+#                         for `kubectl exec` (--kubectl-path)
 # A binary newer than its module files is reused. kube-scheduler comes from
 # `make controlplane`.
 set -euo pipefail
@@ -56,12 +58,19 @@ else
   timed kwok bash -c "cd '$here/kwok' && go build -trimpath -buildvcs=false -ldflags='-s -w' -o '$kwok.tmp' sigs.k8s.io/kwok/cmd/kwok && mv '$kwok.tmp' '$kwok'"
 fi
 
-agnhost="$out/bin/agnhost"
-if fresh "$agnhost" "$here/agnhost/go.mod" "$here/agnhost/go.sum"; then
-  echo "conformance: agnhost: reusing $agnhost"
-else
-  timed agnhost bash -c "cd '$here/agnhost' && go build -trimpath -buildvcs=false -ldflags='-s -w' -o '$agnhost.tmp' k8s.io/kubernetes/test/images/agnhost && mv '$agnhost.tmp' '$agnhost'"
-fi
+# Stamped with the release, as upstream's build does (else kubectl reports
+# v0.0.0-master); the version is the one node/go.mod pins.
+k8s_version=$(cd "$here/node" && go list -m -f '{{.Version}}' k8s.io/kubernetes)
+v=k8s.io/component-base/version
+stamp="-X $v.gitVersion=$k8s_version -X $v.gitMajor=1 -X $v.gitMinor=$(echo "$k8s_version" | cut -d. -f2) -X $v.gitTreeState=clean"
+for tool in test/images/agnhost cmd/kubectl; do
+  bin="$out/bin/${tool##*/}"
+  if fresh "$bin" "$here/node/go.mod" "$here/node/go.sum"; then
+    echo "conformance: ${tool##*/}: reusing $bin"
+  else
+    timed "${tool##*/}" bash -c "cd '$here/node' && go build -trimpath -buildvcs=false -ldflags='-s -w $stamp' -o '$bin.tmp' k8s.io/kubernetes/$tool && mv '$bin.tmp' '$bin'"
+  fi
+done
 
 # KWOK's stages as its kustomizations list them: nodes become Ready at once and
 # keep a Lease; pods are created (an IP from their node's podCIDR), run, turn

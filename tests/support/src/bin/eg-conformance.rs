@@ -139,6 +139,8 @@ fn advertise_address() -> Result<(IpAddr, Option<DummyInterface>)> {
 struct Paths {
     out: PathBuf,
     e2e: PathBuf,
+    /// kubectl of the suite's release, which it runs for `kubectl exec`.
+    kubectl: PathBuf,
     kwok: PathBuf,
     kwok_stages: PathBuf,
     guard: PathBuf,
@@ -162,6 +164,7 @@ impl Paths {
         Ok(Self {
             out,
             e2e: need(bin.join("e2e-network.test"), build)?,
+            kubectl: need(bin.join("kubectl"), build)?,
             kwok: need(bin.join("kwok"), build)?,
             kwok_stages: need(root.join("target/conformance/kwok-stages.yaml"), build)?,
             guard: if need_guard {
@@ -326,6 +329,7 @@ async fn run_suite(
     let json_report = dir.join("ginkgo.json");
     let mut args = vec![
         format!("--kubeconfig={}", kubeconfig.display()),
+        format!("--kubectl-path={}", paths.kubectl.display()),
         "--provider=skeleton".into(),
         "--allowed-not-ready-nodes=-1".into(),
         "--minStartupPods=-1".into(),
@@ -697,15 +701,19 @@ async fn main() -> Result<()> {
         );
         std::process::exit(1);
     }
-    let passed = judged
-        .iter()
-        .filter(|r| r.guard_outcome() == Outcome::Pass)
-        .count();
+    let count = |outcome| {
+        judged
+            .iter()
+            .filter(|r| r.guard_outcome() == outcome)
+            .count()
+    };
     println!("report: {}", out.join("report.md").display());
     // endpoints-guard's column, in the closing form CI reads.
     println!(
-        "conformance: {passed} passed, {} failed",
-        judged.len() - passed
+        "conformance: {} passed, {} failed, {} skipped",
+        count(Outcome::Pass),
+        count(Outcome::Fail),
+        count(Outcome::Skip)
     );
     Ok(())
 }
