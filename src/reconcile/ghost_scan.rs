@@ -9,8 +9,9 @@
 //! and every Service that has either, is read by GET in turn. A pass is
 //! spread over `--ghost-scan-period` (so its cost grows with the cluster, and
 //! a small cluster is not read through every minute), at least one read a
-//! second and at most `--ghost-scan-qps`: a ghost is found within about one
-//! period plus `RECHECK_AFTER`, or targets / qps where the cap binds.
+//! second and at most `--ghost-scan-qps`, made in rounds of up to `ROUND`: a
+//! ghost is found within about one period plus `RECHECK_AFTER`, or targets /
+//! qps where the cap binds.
 //!
 //! A ghost is declared on two reads, `RECHECK_AFTER` apart, that both find
 //! the object gone while the cache still holds the same incarnation: a
@@ -32,6 +33,7 @@ use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
@@ -135,6 +137,15 @@ fn still_behind(cached: CachedMeta<'_>, uid: &str, found_rv: &str) -> bool {
 /// a small cluster is read through in seconds, at a negligible cost.
 const MIN_QPS: f64 = 1.0;
 
+/// The reads due in this long are made together, as one round. A read made
+/// alone, after the process has gone idle, costs about twice the CPU of one
+/// made beside others (thread wake-ups, the connection's buffers gone cold:
+/// `eg-readcost`, docs/bench.md); a round delays a read by at most this.
+const ROUND: Duration = Duration::from_secs(5);
+
+/// The most reads of a round in flight at once (each holds a connection).
+const ROUND_CONCURRENCY: usize = 4;
+
 /// How the scan spends its reads.
 #[derive(Clone, Copy, Debug)]
 pub struct Pace {
@@ -143,6 +154,13 @@ pub struct Pace {
     /// One pass over all targets is spread over this long (0: as fast as
     /// `qps` allows).
     pub period: Duration,
+}
+
+/// When the scan reads: every `interval`, `reads` reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Rounds {
+    interval: Duration,
+    reads: usize,
 }
 
 impl Pace {
@@ -159,6 +177,69 @@ impl Pace {
             .unwrap_or(Duration::ZERO);
         spread.clamp(fastest, slowest)
     }
+
+    /// The same reads a second as [`Pace::gap`], grouped into rounds of at
+    /// most `ROUND` and never longer than one period (a short period is a
+    /// request for a short detection bound).
+    fn rounds(self, targets: usize) -> Rounds {
+        let gap = self.gap(targets);
+        let interval = ROUND.min(self.period).max(gap);
+        let reads = (interval.as_secs_f64() / gap.as_secs_f64()).round();
+        Rounds {
+            interval,
+            // A round holds at least one read; f64 → usize saturates.
+            reads: (reads as usize).max(1),
+        }
+    }
+}
+
+/// One read of a round.
+enum Read {
+    /// A target of the pass, or (`second`) the re-read of a suspect.
+    Check { target: Target, second: bool },
+    /// A target whose cache was behind etcd's `found_rv`: read whole if it
+    /// still is.
+    Repair { target: Target, found_rv: String },
+}
+
+/// What the scan carries from round to round.
+struct Scan {
+    pass: VecDeque<Target>,
+    pass_started: Instant,
+    suspects: VecDeque<(Instant, Target)>,
+    /// (when to look again, the target, the resourceVersion etcd had).
+    behind: VecDeque<(Instant, Target, String)>,
+}
+
+impl Scan {
+    /// Up to `reads` reads for this round: rechecks that are due first, then
+    /// the pass. A pass that ends mid-round is not started again until the
+    /// next round, so no target is read twice in one.
+    fn round(&mut self, reads: usize, now: Instant) -> Vec<Read> {
+        let mut out = Vec::with_capacity(reads);
+        while out.len() < reads {
+            if self.behind.front().is_some_and(|(at, _, _)| *at <= now)
+                && let Some((_, target, found_rv)) = self.behind.pop_front()
+            {
+                out.push(Read::Repair { target, found_rv });
+            } else if self.suspects.front().is_some_and(|(at, _)| *at <= now)
+                && let Some((_, target)) = self.suspects.pop_front()
+            {
+                out.push(Read::Check {
+                    target,
+                    second: true,
+                });
+            } else if let Some(target) = self.pass.pop_front() {
+                out.push(Read::Check {
+                    target,
+                    second: false,
+                });
+            } else {
+                break;
+            }
+        }
+        out
+    }
 }
 
 /// Runs the scan until shutdown.
@@ -166,73 +247,77 @@ pub async fn run(ctx: Arc<Context>, pace: Pace, mut shutdown: watch::Receiver<bo
     if pace.qps <= 0.0 {
         return;
     }
-    let mut gap = pace.gap(0);
-    let mut next_read = Instant::now();
-    let mut pass: VecDeque<Target> = VecDeque::new();
-    let mut suspects: VecDeque<(Instant, Target)> = VecDeque::new();
-    // (when to look again, the target, the resourceVersion etcd had).
-    let mut behind: VecDeque<(Instant, Target, String)> = VecDeque::new();
-    let mut pass_started = Instant::now();
+    let mut rounds = pace.rounds(0);
+    let mut next_round = Instant::now();
+    let mut scan = Scan {
+        pass: VecDeque::new(),
+        pass_started: Instant::now(),
+        suspects: VecDeque::new(),
+        behind: VecDeque::new(),
+    };
     loop {
         tokio::select! {
-            () = tokio::time::sleep_until(next_read.into()) => {}
+            () = tokio::time::sleep_until(next_round.into()) => {}
             () = stopped(&mut shutdown) => return,
         }
-        // Behind schedule (a slow read): go on from now rather than burst.
-        next_read = (next_read + gap).max(Instant::now());
         if !ctx.stores.synced() {
+            next_round = Instant::now() + rounds.interval;
             continue;
         }
-        if behind
-            .front()
-            .is_some_and(|(at, _, _)| *at <= Instant::now())
-            && let Some((_, target, found_rv)) = behind.pop_front()
-        {
-            if still_behind(
-                cached_meta(&ctx, &target)
-                    .as_ref()
-                    .map(|(u, r)| (u.as_str(), r.as_str())),
-                &target.uid,
-                &found_rv,
-            ) {
-                repair(&ctx, &target).await;
-            }
-            continue;
+        if scan.pass.is_empty() {
+            let took = scan.pass_started.elapsed().as_secs_f64();
+            ctx.metrics.ghost_scan_pass_seconds.set(took);
+            scan.pass = targets(&ctx).into();
+            scan.pass_started = Instant::now();
+            rounds = pace.rounds(scan.pass.len());
+            debug!(
+                targets = scan.pass.len(),
+                round_ms = rounds.interval.as_millis(),
+                reads_per_round = rounds.reads,
+                last_pass_seconds = took,
+                "ghost scan: new pass"
+            );
         }
-        let due = suspects
-            .front()
-            .is_some_and(|(at, _)| *at <= Instant::now());
-        let (target, second) = if due {
-            match suspects.pop_front() {
-                Some((_, target)) => (target, true),
-                None => continue,
+        let batch = scan.round(rounds.reads, Instant::now());
+        let answers: Vec<_> = futures::stream::iter(batch)
+            .map(|read| perform(&ctx, read))
+            .buffer_unordered(ROUND_CONCURRENCY)
+            .collect()
+            .await;
+        for answer in answers {
+            match answer {
+                Some((target, Verdict::Suspect, _)) => {
+                    scan.suspects
+                        .push_back((Instant::now() + RECHECK_AFTER, target));
+                }
+                Some((target, Verdict::Ghost, _)) => evict(&ctx, &target),
+                Some((target, Verdict::Behind, found_rv)) => {
+                    scan.behind
+                        .push_back((Instant::now() + CATCH_UP, target, found_rv));
+                }
+                Some((_, Verdict::Fine, _)) | None => {}
             }
-        } else {
-            if pass.is_empty() {
-                let took = pass_started.elapsed().as_secs_f64();
-                ctx.metrics.ghost_scan_pass_seconds.set(took);
-                pass = targets(&ctx).into();
-                pass_started = Instant::now();
-                gap = pace.gap(pass.len());
-                debug!(
-                    targets = pass.len(),
-                    read_gap_ms = gap.as_millis(),
-                    last_pass_seconds = took,
-                    "ghost scan: new pass"
-                );
+        }
+        // A slow round (slow reads) goes on from now rather than catching up.
+        next_round = (next_round + rounds.interval).max(Instant::now());
+    }
+}
+
+/// Makes one read of a round; for a check, its verdict and etcd's
+/// resourceVersion (a repair is done here and returns `None`).
+async fn perform(ctx: &Arc<Context>, read: Read) -> Option<(Target, Verdict, String)> {
+    match read {
+        Read::Check { target, second } => {
+            let (verdict, found_rv) = check(ctx, &target, second).await;
+            Some((target, verdict, found_rv))
+        }
+        Read::Repair { target, found_rv } => {
+            let cached = cached_meta(ctx, &target);
+            let cached = cached.as_ref().map(|(u, r)| (u.as_str(), r.as_str()));
+            if still_behind(cached, &target.uid, &found_rv) {
+                repair(ctx, &target).await;
             }
-            match pass.pop_front() {
-                Some(target) => (target, false),
-                None => continue,
-            }
-        };
-        match check(&ctx, &target, second).await {
-            (Verdict::Fine, _) => {}
-            (Verdict::Suspect, _) => suspects.push_back((Instant::now() + RECHECK_AFTER, target)),
-            (Verdict::Ghost, _) => evict(&ctx, &target),
-            (Verdict::Behind, found_rv) => {
-                behind.push_back((Instant::now() + CATCH_UP, target, found_rv));
-            }
+            None
         }
     }
 }
@@ -469,6 +554,81 @@ mod tests {
             period: Duration::from_secs(900),
         };
         assert_eq!(slow.gap(3).as_millis(), 2000);
+    }
+
+    #[test]
+    fn reads_are_grouped_into_rounds_at_the_same_rate() {
+        let pace = Pace {
+            qps: 20.0,
+            period: Duration::from_secs(900),
+        };
+        let rounds = |targets| {
+            let r = pace.rounds(targets);
+            (r.interval.as_millis(), r.reads)
+        };
+        // One read a second, five at a time.
+        assert_eq!(rounds(3), (5_000, 5));
+        // 1,100 targets: 1.22 reads a second, six every 5 s.
+        assert_eq!(rounds(1_100), (5_000, 6));
+        // The qps cap: 20 a second, a hundred every 5 s.
+        assert_eq!(rounds(110_000), (5_000, 100));
+        // A period shorter than a round: one round per period.
+        let short = Pace {
+            qps: 20.0,
+            period: Duration::from_secs(2),
+        };
+        assert_eq!(short.rounds(4).interval.as_millis(), 2_000);
+        assert_eq!(short.rounds(4).reads, 4);
+        // Period 0: one read per gap, as fast as qps allows.
+        let flat = Pace {
+            qps: 20.0,
+            period: Duration::ZERO,
+        };
+        assert_eq!(flat.rounds(3).interval.as_millis(), 50);
+        assert_eq!(flat.rounds(3).reads, 1);
+    }
+
+    fn target(name: &str) -> Target {
+        Target {
+            kind: Kind::Pod,
+            key: ObjectKey::new("ns", name),
+            uid: format!("uid-{name}"),
+        }
+    }
+
+    fn names(reads: &[Read]) -> Vec<String> {
+        reads
+            .iter()
+            .map(|read| match read {
+                Read::Check { target, second } => {
+                    format!("{}{}", target.key.name, if *second { " again" } else { "" })
+                }
+                Read::Repair { target, .. } => format!("{} repair", target.key.name),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_round_takes_due_rechecks_first_and_reads_no_target_twice() {
+        let now = Instant::now();
+        let later = now + Duration::from_secs(60);
+        let mut scan = Scan {
+            pass: ["a", "b", "c"].map(target).into(),
+            pass_started: now,
+            suspects: [(now, target("s")), (later, target("t"))].into(),
+            behind: [(now, target("r"), "12".to_string())].into(),
+        };
+        assert_eq!(
+            names(&scan.round(3, now)),
+            ["r repair", "s again", "a"],
+            "due rechecks first, then the pass"
+        );
+        assert_eq!(
+            names(&scan.round(5, now)),
+            ["b", "c"],
+            "the pass ends: the round ends, a suspect not yet due waits"
+        );
+        assert_eq!(names(&scan.round(5, later)), ["t again"]);
     }
 
     #[test]
