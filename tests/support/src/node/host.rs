@@ -428,7 +428,11 @@ pub fn remove_cgroup_tree(root: &Path) -> Result<String> {
     std::thread::sleep(std::time::Duration::from_millis(200));
     dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
     for dir in dirs {
-        std::fs::remove_dir(&dir).with_context(|| format!("rmdir {}", dir.display()))?;
+        match std::fs::remove_dir(&dir) {
+            // The kubelet or a shim exiting removed it first.
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+            other => other.with_context(|| format!("rmdir {}", dir.display()))?,
+        }
     }
     Ok(String::new())
 }
