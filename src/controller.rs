@@ -19,8 +19,9 @@ use crate::metrics::Metrics;
 use crate::reconcile::latency::WriteTimer;
 use crate::reconcile::queue::{Retry, Taken};
 use crate::reconcile::{Context, Stores, Work, enqueue_all, ghost_scan, resync, slice_sync, sync};
+use crate::shutdown::stopped;
 use crate::{metrics_auth, server, tls};
-use hardened_watcher::{Change, Sink, WatchConfig, WatchObserver, Watcher, stopped};
+use hardened_watcher::{Change, Sink, WatchObserver, Watcher};
 
 /// The API of kind `K` in `namespace` (when namespaced), or cluster-wide.
 pub fn api<K: Kind>(client: &Client, namespace: Option<&str>) -> Api<K::Object> {
@@ -31,7 +32,8 @@ pub fn api<K: Kind>(client: &Client, namespace: Option<&str>) -> Api<K::Object> 
 struct Watching<'a> {
     ctx: &'a Arc<Context>,
     namespace: Option<&'a str>,
-    config: WatchConfig,
+    /// Objects per LIST page.
+    page_limit: u32,
     observer: Arc<dyn WatchObserver>,
     shutdown: &'a signal::Receiver<bool>,
     tasks: &'a mut JoinSet<()>,
@@ -50,15 +52,13 @@ impl KindVisitor for Watching<'_> {
             Arc::new(move |change: &Change<K::Cached>, received: Instant| {
                 K::on_change(&handler, change, received);
             });
-        let watcher = Watcher::new(
-            api::<K>(&self.ctx.client, self.namespace),
-            (),
-            K::project,
-            K::store(&self.ctx.stores).clone(),
-            sink,
-        )
-        .observer(self.observer.clone())
-        .config(self.config);
+        let watcher = Watcher::builder(api::<K>(&self.ctx.client, self.namespace))
+            .project(K::project)
+            .store(K::store(&self.ctx.stores).clone())
+            .on_change(sink)
+            .observer(self.observer.clone())
+            .page_limit(self.page_limit)
+            .build();
         let shutdown = self.shutdown.clone();
         self.tasks.spawn(async move {
             // A watcher ends on shutdown, or when it cannot start: the reason
@@ -143,14 +143,10 @@ pub async fn start(
     let running: Vec<&str> = controllers.iter().map(Controller::metric_label).collect();
     info!(%metrics_addr, ?secure_metrics_addr, mode = ?cfg.mode, workers = cfg.workers, controllers = ?running, "endpoints-guard starting");
 
-    let config = WatchConfig {
-        page_limit: cfg.list_page_size,
-        ..WatchConfig::default()
-    };
     for_each_kind(&mut Watching {
         ctx: &ctx,
         namespace: cfg.namespace.as_deref(),
-        config,
+        page_limit: cfg.list_page_size,
         observer: metrics.clone(),
         shutdown: &shutdown,
         tasks: &mut tasks,

@@ -31,7 +31,7 @@ use tracing::{debug, error, info, warn};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use hardened_watcher::stopped;
+use crate::shutdown::stopped;
 
 /// Where the Lease lives and how it is held.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -22,6 +22,7 @@ pub mod metrics_auth;
 pub mod ratelimit;
 pub mod reconcile;
 pub mod server;
+pub mod shutdown;
 pub mod startup;
 pub mod tls;
 pub mod verify_endpoints;

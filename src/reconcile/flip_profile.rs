@@ -17,7 +17,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use hardened_watcher::decode::{WatchLine, decode_object, parse_watch_line};
 use hardened_watcher::testing::{Reply, ScriptedApi};
 use hardened_watcher::{LiveRead, ObjectKey, Outcome, WatchEventKind, live};
 use k8s_openapi::api::core::v1::Pod;
@@ -152,13 +151,9 @@ fn line(kind: &str, object: &Value) -> String {
 /// A pod's watch line: decoded, cached, handed to the pod handler.
 #[inline(never)]
 fn stage_pod_event(ctx: &Arc<Context>, line: &str) {
-    let WatchLine::Object(kind, raw) = parse_watch_line(line) else {
-        panic!("not an object line")
+    let Some(outcome) = ctx.stores.pods.apply_watch_line(line, PodKind::project) else {
+        panic!("not a pod event")
     };
-    let Ok(pod) = decode_object(raw, &PodKind::project) else {
-        panic!("undecodable pod")
-    };
-    let outcome = ctx.stores.pods.write().apply_event(kind, pod);
     if let Outcome::Applied(change) = outcome {
         PodKind::on_change(ctx, &change, std::time::Instant::now());
     }
@@ -167,13 +162,13 @@ fn stage_pod_event(ctx: &Arc<Context>, line: &str) {
 /// Our own write coming back on the Endpoints watch.
 #[inline(never)]
 fn stage_endpoints_event(ctx: &Arc<Context>, line: &str) {
-    let WatchLine::Object(kind, raw) = parse_watch_line(line) else {
-        panic!("not an object line")
+    let Some(outcome) = ctx
+        .stores
+        .endpoints
+        .apply_watch_line(line, EndpointsKind::project)
+    else {
+        panic!("not an endpoints event")
     };
-    let Ok(ep) = decode_object(raw, &EndpointsKind::project) else {
-        panic!("undecodable endpoints")
-    };
-    let outcome = ctx.stores.endpoints.write().apply_event(kind, ep);
     if let Outcome::Applied(change) = outcome {
         handlers::on_endpoints(ctx, &change, None);
     }
@@ -230,9 +225,7 @@ fn fill<K: Kind>(ctx: &Context, objects: impl Iterator<Item = Value>) {
     for object in objects {
         let obj: K::Object = serde_json::from_value(object).unwrap_or_else(|err| panic!("{err}"));
         let cached = K::project(obj).unwrap_or_else(|| panic!("projection"));
-        K::store(&ctx.stores)
-            .write()
-            .apply_event(WatchEventKind::Added, cached);
+        K::store(&ctx.stores).apply_watch_event(WatchEventKind::Added, cached);
     }
 }
 

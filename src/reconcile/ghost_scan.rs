@@ -42,10 +42,10 @@ use super::cached::{CachedService, strip_managed_fields};
 use super::cached::{pod_target_refs, slice_pod_refs};
 use super::{Context, handlers};
 use crate::desired::PodInfo;
+use crate::shutdown::stopped;
 use hardened_watcher::live::LiveMeta;
-use hardened_watcher::rv::compare_rv;
 use hardened_watcher::{
-    Cached, LiveRead, ObjectKey, Outcome, ReadStamp, WatchObserver, Whole, live, stopped,
+    Cached, LiveRead, ObjectKey, Outcome, ReadStamp, WatchObserver, Whole, compare_rv, live,
 };
 
 /// The second read of a suspected ghost.

@@ -31,11 +31,11 @@ fn metric(ctx: &Context, series: &str) -> f64 {
 
 /// Service `web` cached, then deleted by a watch event: a tombstone.
 fn tombstoned_web(ctx: &Context) {
-    let mut services = ctx.stores.services.write();
-    services.apply_event(WatchEventKind::Added, Whole(service(NS, "web", "web")));
+    let services = &ctx.stores.services;
+    services.apply_watch_event(WatchEventKind::Added, Whole(service(NS, "web", "web")));
     let mut deleted = service(NS, "web", "web");
     deleted.metadata.resource_version = Some("2".into());
-    services.apply_event(WatchEventKind::Deleted, Whole(deleted));
+    services.apply_watch_event(WatchEventKind::Deleted, Whole(deleted));
 }
 
 fn web() -> ObjectKey {
@@ -111,10 +111,10 @@ async fn a_bare_404_a_403_or_a_timeout_is_an_error_that_confirms_nothing() {
 
 /// Pods a-0 (cached) and a-1 (its DELETE seen), both in the Endpoints.
 fn pods_with_a_deleted_one(ctx: &Context) -> Vec<Arc<PodInfo>> {
-    let mut cache = ctx.stores.pods.write();
-    cache.apply_event(WatchEventKind::Added, pod(NS, "a-0", "a", "10.0.0.1", "1"));
-    cache.apply_event(WatchEventKind::Added, pod(NS, "a-1", "a", "10.0.0.2", "2"));
-    cache.apply_event(
+    let cache = &ctx.stores.pods;
+    cache.apply_watch_event(WatchEventKind::Added, pod(NS, "a-0", "a", "10.0.0.1", "1"));
+    cache.apply_watch_event(WatchEventKind::Added, pod(NS, "a-1", "a", "10.0.0.2", "2"));
+    cache.apply_watch_event(
         WatchEventKind::Deleted,
         pod(NS, "a-1", "a", "10.0.0.2", "3"),
     );

@@ -258,14 +258,14 @@ mod tests {
     async fn relabelled_pod_queues_old_and_new_services_of_its_namespace_only() {
         let ctx = context();
         {
-            let mut services = ctx.stores.services.write();
+            let services = &ctx.stores.services;
             for svc in [
                 service("ns", "a", "a"),
                 service("ns", "b", "b"),
                 service("ns", "c", "c"),
                 service("other", "a", "a"),
             ] {
-                services.apply_event(WatchEventKind::Added, Whole(svc));
+                services.apply_watch_event(WatchEventKind::Added, Whole(svc));
             }
         }
         let change = Change::Updated {
@@ -281,8 +281,7 @@ mod tests {
         let ctx = context();
         ctx.stores
             .services
-            .write()
-            .apply_event(WatchEventKind::Added, Whole(service("ns", "a", "a")));
+            .apply_watch_event(WatchEventKind::Added, Whole(service("ns", "a", "a")));
         // Only the resourceVersion moved (say, an annotation was added).
         let change = Change::Updated {
             old: Arc::new(pod("ns", "a", "1")),
@@ -296,11 +295,10 @@ mod tests {
     async fn deleted_pod_named_by_no_endpoints_is_released_at_once() {
         let ctx = context();
         let p = pod("ns", "a", "1");
-        let mut pods = ctx.stores.pods.write();
-        pods.apply_event(WatchEventKind::Added, p.clone());
-        pods.apply_event(WatchEventKind::Deleted, pod("ns", "a", "2"));
-        assert_eq!(pods.tombstone_count(), 1);
-        drop(pods);
+        let pods = &ctx.stores.pods;
+        pods.apply_watch_event(WatchEventKind::Added, p.clone());
+        pods.apply_watch_event(WatchEventKind::Deleted, pod("ns", "a", "2"));
+        assert_eq!(pods.read().tombstone_count(), 1);
         on_pod(&ctx, &Change::DeletionCandidate(Arc::new(p)), None);
         assert_eq!(ctx.stores.pods.read().tombstone_count(), 0);
     }

@@ -96,8 +96,7 @@ mod tests {
         if let Some(cached) = CachedEndpoints::new(ep) {
             ctx.stores
                 .endpoints
-                .write()
-                .apply_event(WatchEventKind::Added, cached);
+                .apply_watch_event(WatchEventKind::Added, cached);
         }
     }
 
@@ -110,8 +109,7 @@ mod tests {
         .unwrap_or_else(|err| panic!("service: {err}"));
         ctx.stores
             .services
-            .write()
-            .apply_event(WatchEventKind::Added, Whole(svc));
+            .apply_watch_event(WatchEventKind::Added, Whole(svc));
     }
 
     #[test]
@@ -160,8 +158,7 @@ mod tests {
 
         ctx.stores
             .endpoints
-            .write()
-            .apply_event(WatchEventKind::Deleted, {
+            .apply_watch_event(WatchEventKind::Deleted, {
                 let ep = serde_json::from_value(json!({
                     "metadata": {"namespace": "ns", "name": "orphan", "uid": "orphan-ep-uid", "resourceVersion": "9"},
                 }))

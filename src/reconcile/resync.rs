@@ -181,7 +181,7 @@ fn age<K: Kind>(ctx: &Context) -> usize {
         return 0;
     }
     let store = K::store(&ctx.stores);
-    store.write().tick();
+    store.tick();
     let aged = store.read().aged_tombstones(TOMBSTONE_TICKS);
     let released = aged
         .into_iter()
@@ -189,10 +189,7 @@ fn age<K: Kind>(ctx: &Context) -> usize {
             !K::at_stake(ctx, key, uid) && store.confirm_deleted(key, uid, Confirmation::Released)
         })
         .count();
-    released
-        + store
-            .write()
-            .forget_confirmed(RELEASED_CONFIRMATION_TICKS, LIVE_READ_CONFIRMATION_TICKS)
+    released + store.forget_confirmed(RELEASED_CONFIRMATION_TICKS, LIVE_READ_CONFIRMATION_TICKS)
 }
 
 #[cfg(test)]
@@ -221,18 +218,17 @@ mod tests {
             let _entered = runtime.enter();
             let ctx = Arc::new(context());
             {
-                let mut pods = ctx.stores.pods.write();
+                let pods = &ctx.stores.pods;
                 for (name, ip) in [("gone", "10.0.0.1"), ("named", "10.0.0.2")] {
-                    pods.apply_event(WatchEventKind::Added, pod("ns", name, "a", ip, "1"));
-                    pods.apply_event(WatchEventKind::Deleted, pod("ns", name, "a", ip, "2"));
+                    pods.apply_watch_event(WatchEventKind::Added, pod("ns", name, "a", ip, "1"));
+                    pods.apply_watch_event(WatchEventKind::Deleted, pod("ns", name, "a", ip, "2"));
                 }
             }
             let named = crate::reconcile::testkit::endpoints("ns", "a", &[("named", "10.0.0.2")]);
             if let Some(cached) = crate::reconcile::cached::CachedEndpoints::new(named) {
                 ctx.stores
                     .endpoints
-                    .write()
-                    .apply_event(WatchEventKind::Added, cached);
+                    .apply_watch_event(WatchEventKind::Added, cached);
             }
             housekeeping(&ctx);
             let after_one = ctx.stores.pods.read().tombstone_count();

@@ -35,8 +35,7 @@ fn cache_endpoints(ctx: &Context, addresses: &[(&str, &str)]) {
     if let Some(cached) = cached {
         ctx.stores
             .endpoints
-            .write()
-            .apply_event(WatchEventKind::Added, cached);
+            .apply_watch_event(WatchEventKind::Added, cached);
     }
 }
 
@@ -44,9 +43,8 @@ fn cache_endpoints(ctx: &Context, addresses: &[(&str, &str)]) {
 fn cache_service_and_pod(ctx: &Context) {
     ctx.stores
         .services
-        .write()
-        .apply_event(WatchEventKind::Added, Whole(service(NS, "web", "web")));
-    ctx.stores.pods.write().apply_event(
+        .apply_watch_event(WatchEventKind::Added, Whole(service(NS, "web", "web")));
+    ctx.stores.pods.apply_watch_event(
         WatchEventKind::Added,
         pod(NS, "web-0", "web", "10.0.0.1", "3"),
     );

@@ -17,8 +17,8 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow};
 use clap::Parser;
 use hardened_watcher::{
-    Change, DeletionSource, DriftKind, Identity, LiveRead, RestartReason, Sink, StaleReason, Store,
-    WatchObserver, Watcher, live,
+    Change, Confirmation, DeletionSource, DriftKind, Identity, LiveRead, RestartReason, Sink,
+    StaleReason, WatchObserver, Watcher, live,
 };
 use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject};
@@ -124,8 +124,8 @@ async fn main() -> Result<()> {
         Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
         None => Api::all_with(client.clone(), &ar),
     };
+    // One label for the life of the program: the observer takes `&'static str`.
     let label: &'static str = Box::leak(args.resource.clone().into_boxed_str());
-    let store = Store::<Identity>::new(label);
 
     // Changes are printed at once; deletion candidates are confirmed by a
     // live read on another task (the sink must not block the watcher).
@@ -142,17 +142,14 @@ async fn main() -> Result<()> {
         }
     });
     let (stop, shutdown) = watch::channel(false);
-    let watcher = tokio::spawn(
-        Watcher::new(
-            api,
-            ar.clone(),
-            |o: DynamicObject| Identity::of(&o),
-            store.clone(),
-            sink,
-        )
+    let watcher = Watcher::builder_with(api, ar.clone())
+        .project(|o: DynamicObject| Identity::of(&o))
+        .resource(label)
+        .on_change(sink)
         .observer(Arc::new(Printer))
-        .run(shutdown.clone()),
-    );
+        .build();
+    let store = watcher.store();
+    let watcher = tokio::spawn(watcher.run(shutdown.clone()));
 
     let confirm = {
         let (store, client, ar) = (store.clone(), client.clone(), ar.clone());
@@ -164,7 +161,7 @@ async fn main() -> Result<()> {
                         store.confirm_deleted(
                             &candidate.key,
                             &candidate.uid,
-                            hardened_watcher::Confirmation::LiveRead,
+                            Confirmation::LiveRead,
                         );
                         println!("CONFIRMED GONE {} (a GET from etcd agrees)", candidate.key);
                     }

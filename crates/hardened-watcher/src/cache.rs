@@ -22,10 +22,9 @@ use std::sync::Arc;
 use super::index::LabelIndex;
 use super::rv::{ResumePoint, compare_rv};
 
-pub use super::object::{
-    Cached, Change, Confirmation, DeletionSource, Dispute, DisputeKind, DriftKind, ListDiff,
-    ListedOutcome, LiveRead, ObjectKey, Outcome, Resolution, StaleReason, Tombstone,
-    WatchEventKind,
+pub(crate) use super::object::{
+    Cached, Change, Confirmation, DeletionSource, DriftKind, ObjectKey, Outcome, StaleReason,
+    Tombstone, WatchEventKind,
 };
 
 /// A deletion that was confirmed, remembered so that replayed history and
@@ -107,7 +106,7 @@ impl<T: Cached> Default for Cache<T> {
 
 impl<T: Cached> Cache<T> {
     /// An empty cache.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
@@ -165,7 +164,7 @@ impl<T: Cached> Cache<T> {
     }
 
     /// Applies one ADDED / MODIFIED / DELETED watch event through the guard.
-    pub fn apply_event(&mut self, ev: WatchEventKind, obj: T) -> Outcome<T> {
+    pub(crate) fn apply_event(&mut self, ev: WatchEventKind, obj: T) -> Outcome<T> {
         self.highest.observe(obj.resource_version());
         let key = obj.key();
         self.explain_drift(&key, obj.resource_version());
@@ -190,7 +189,7 @@ impl<T: Cached> Cache<T> {
     }
 
     /// A BOOKMARK: the store has reached `rv`.
-    pub fn note_bookmark(&mut self, rv: &str) {
+    pub(crate) fn note_bookmark(&mut self, rv: &str) {
         self.highest.observe(rv);
     }
 

@@ -42,20 +42,20 @@ pub enum ListMode {
 
 impl<T: Cached> Cache<T> {
     /// The RV below which a consistent list means a rewound store.
-    pub fn list_floor(&self) -> Option<String> {
+    pub(crate) fn list_floor(&self) -> Option<String> {
         self.highest.get().map(str::to_owned)
     }
 
     /// Whether a list at `list_rv`, started when the floor was `floor`,
     /// shows the store rewound.
-    pub fn is_rewound(floor: Option<&str>, list_rv: &str) -> bool {
+    pub(crate) fn is_rewound(floor: Option<&str>, list_rv: &str) -> bool {
         floor.is_some_and(|floor| compare_rv(list_rv, floor) == Some(Ordering::Less))
     }
 
     /// Starts a [`ListMode::Rewind`] list at `list_rv`: everything learned
     /// from history the store no longer has goes. Live objects stay until the
     /// list ends (listed ones are replaced, the rest become candidates).
-    pub fn begin_rewind(&mut self, list_rv: &str) {
+    pub(crate) fn begin_rewind(&mut self, list_rv: &str) {
         self.tombstones.clear();
         self.confirmed.clear();
         self.drift = Default::default();
@@ -64,7 +64,12 @@ impl<T: Cached> Cache<T> {
     }
 
     /// Applies one item of a consistent list at `list_rv`.
-    pub fn apply_listed(&mut self, item: T, list_rv: &str, mode: ListMode) -> ListedOutcome<T> {
+    pub(crate) fn apply_listed(
+        &mut self,
+        item: T,
+        list_rv: &str,
+        mode: ListMode,
+    ) -> ListedOutcome<T> {
         self.highest.observe(item.resource_version());
         let key = item.key();
         if mode == ListMode::Rewind {
@@ -160,7 +165,7 @@ impl<T: Cached> Cache<T> {
     /// - the list RV is recorded.
     ///
     /// Returns the deletion candidates, and counts into `diff`.
-    pub fn finish_list(
+    pub(crate) fn finish_list(
         &mut self,
         list_rv: &str,
         listed: &HashSet<ObjectKey>,
@@ -233,7 +238,7 @@ impl<T: Cached> Cache<T> {
 
     /// Settles a [`Dispute`] with what a read that reaches etcd found
     /// (`stamp` taken before the read was sent).
-    pub fn resolve_dispute(
+    pub(crate) fn resolve_dispute(
         &mut self,
         dispute: Dispute<T>,
         read: LiveRead<T>,
@@ -274,7 +279,7 @@ impl<T: Cached> Cache<T> {
     /// Counts leftover drift of an earlier resync that the watch never
     /// explained, and holds the differences of the resync list at `list_rv`
     /// (see [`Cache::settle_drift`]).
-    pub fn hold_drift(
+    pub(crate) fn hold_drift(
         &mut self,
         list_rv: &str,
         keys: HashMap<ObjectKey, DriftKind>,
@@ -304,7 +309,7 @@ impl<T: Cached> Cache<T> {
     /// Once the watch has reached `progress_rv` at or past the resync list's
     /// RV, every difference no event explained is drift: returned (and
     /// forgotten) for counting.
-    pub fn settle_drift(&mut self, progress_rv: &str) -> Vec<DriftKind> {
+    pub(crate) fn settle_drift(&mut self, progress_rv: &str) -> Vec<DriftKind> {
         let passed = self.drift.list_rv.as_deref().is_some_and(|list_rv| {
             matches!(
                 compare_rv(progress_rv, list_rv),
@@ -319,13 +324,14 @@ impl<T: Cached> Cache<T> {
     }
 
     /// Every pending difference, returned as drift and forgotten.
-    pub fn settle_all_drift(&mut self) -> Vec<DriftKind> {
+    pub(crate) fn settle_all_drift(&mut self) -> Vec<DriftKind> {
         self.drift.list_rv = None;
         self.drift.keys.drain().map(|(_, kind)| kind).collect()
     }
 
     /// Differences of the last resync still waiting for the watch.
-    pub fn pending_drift(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn pending_drift(&self) -> usize {
         self.drift.keys.len()
     }
 }

@@ -5,9 +5,10 @@
 use std::collections::HashMap;
 
 use super::cache::{
-    Cache, Change, Confirmation, DriftKind, LiveRead, Outcome, StaleReason, WatchEventKind::*,
+    Cache, Change, Confirmation, DriftKind, Outcome, StaleReason, WatchEventKind::*,
 };
 use super::list::ListMode;
+use super::object::LiveRead;
 use super::object::{DisputeKind, Resolution};
 use super::testkit::{Obj, apply_list, cache_with, items, key, list_in, obj, rv_of};
 

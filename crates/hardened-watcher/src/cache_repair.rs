@@ -16,7 +16,12 @@ impl<T: Cached> Cache<T> {
     /// whether one was dropped. The deletion stays remembered until a newer
     /// list covers it, so a list taken before the deletion cannot resurrect
     /// the object.
-    pub fn confirm_deleted(&mut self, key: &ObjectKey, uid: &str, how: Confirmation) -> bool {
+    pub(crate) fn confirm_deleted(
+        &mut self,
+        key: &ObjectKey,
+        uid: &str,
+        how: Confirmation,
+    ) -> bool {
         let matches = self
             .tombstones
             .get(key)
@@ -51,7 +56,7 @@ impl<T: Cached> Cache<T> {
 
     /// Where the cache stands before a live read is sent; pass it to
     /// [`Cache::restore`] with the read's answer.
-    pub fn read_stamp(&self) -> ReadStamp {
+    pub(crate) fn read_stamp(&self) -> ReadStamp {
         ReadStamp(self.highest.get().map(str::to_owned))
     }
 
@@ -69,7 +74,7 @@ impl<T: Cached> Cache<T> {
     /// against what the cache learned after `stamp` (a watch event newer than
     /// the read). A read older than what the cache knew before it was sent is
     /// still taken, and flagged: see [`Restored::rewind_suspected`].
-    pub fn restore(&mut self, obj: T, stamp: &ReadStamp) -> Restored<T> {
+    pub(crate) fn restore(&mut self, obj: T, stamp: &ReadStamp) -> Restored<T> {
         self.highest.observe(obj.resource_version());
         let key = obj.key();
         let older_than = |cache: &mut Self, known: &str| {
@@ -119,7 +124,7 @@ impl<T: Cached> Cache<T> {
     /// incarnation `uid`: the API server's watch cache lost its DELETE. The
     /// object leaves the cache as confirmed gone (no further read needed);
     /// the returned change tells the controller.
-    pub fn evict_ghost(&mut self, key: &ObjectKey, uid: &str) -> Option<Change<T>> {
+    pub(crate) fn evict_ghost(&mut self, key: &ObjectKey, uid: &str) -> Option<Change<T>> {
         let cur = self.live.get(key).cloned()?;
         if cur.uid() != uid {
             return None;
@@ -133,7 +138,7 @@ impl<T: Cached> Cache<T> {
 
     /// Advances the age of tombstones and confirmations by one (the
     /// controller calls it on a timer).
-    pub fn tick(&mut self) {
+    pub(crate) fn tick(&mut self) {
         self.tick += 1;
     }
 
@@ -152,7 +157,7 @@ impl<T: Cached> Cache<T> {
     /// ([`Confirmation::Released`]) or `live_read_ticks` ago (by a live read,
     /// which also keeps ghosts out of lists): by then the history they guard
     /// against is out of every watch window. Returns how many went.
-    pub fn forget_confirmed(&mut self, released_ticks: u64, live_read_ticks: u64) -> usize {
+    pub(crate) fn forget_confirmed(&mut self, released_ticks: u64, live_read_ticks: u64) -> usize {
         let before = self.confirmed.len();
         let now = self.tick;
         self.confirmed.retain(|_, c| {

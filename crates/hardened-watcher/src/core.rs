@@ -117,6 +117,7 @@ impl<T: Cached> WatchCore<T> {
     }
 
     /// The state machine (for tests and debugging).
+    #[cfg(test)]
     pub fn machine(&self) -> &Machine {
         &self.machine
     }

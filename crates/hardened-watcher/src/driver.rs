@@ -19,13 +19,13 @@ use super::error::WatchError;
 use super::list::{decode_page, fetch_page, page_rv};
 use super::live;
 use super::machine::Action;
-use super::object::{Cached, LiveRead};
+use super::object::{Cached, Change, LiveRead};
 use super::observer::WatchObserver;
 use super::store::{Request, Store};
 
-/// Tuning of one watcher.
+/// Tuning of one watcher (set through [`WatcherBuilder`](crate::WatcherBuilder)).
 #[derive(Clone, Copy, Debug)]
-pub struct WatchConfig {
+pub(crate) struct WatchConfig {
     /// LIST page size.
     pub page_limit: u32,
     /// Server-side watch timeout; the server closes the stream after it and
@@ -47,17 +47,19 @@ const WATCH_GRACE_SECS: u64 = 30;
 
 /// Resolves once `shutdown` turns true. A dropped sender means nobody can ask
 /// us to stop any more: then it never resolves.
-pub async fn stopped(shutdown: &mut watch::Receiver<bool>) {
+pub(crate) async fn stopped(shutdown: &mut watch::Receiver<bool>) {
     if shutdown.wait_for(|stop| *stop).await.is_err() {
         std::future::pending::<()>().await;
     }
 }
 
 /// One watcher: what it watches, how each object is cached, where the
-/// changes go. [`Watcher::run`] runs it.
+/// changes go. Made by [`Watcher::builder`]; [`Watcher::run`] runs it, or
+/// [`Watcher::into_event_stream`] turns it into a stream of kube-runtime
+/// events.
 pub struct Watcher<K: kube::Resource, T: Cached, P> {
-    api: Api<K>,
-    dyntype: K::DynamicType,
+    pub(crate) api: Api<K>,
+    pub(crate) dyntype: K::DynamicType,
     project: P,
     store: Store<T>,
     sink: Sink<T>,
@@ -77,19 +79,15 @@ where
     T: Cached,
     P: Fn(K) -> Option<T> + Send + Sync,
 {
-    /// A watcher of `api` (whose resource `dyntype` describes: `()` for
-    /// k8s-openapi types) that keeps `project(object)` in `store` and hands
-    /// every change to `sink`.
-    ///
-    /// `project` returning `None` means "cannot be represented" and is
-    /// counted as undecodable: do not use it to filter, since a filtered
-    /// object would neither appear nor ever look deleted.
-    pub fn new(
+    /// What [`WatcherBuilder::build`](crate::WatcherBuilder::build) made.
+    pub(crate) fn assemble(
         api: Api<K>,
         dyntype: K::DynamicType,
         project: P,
         store: Store<T>,
         sink: Sink<T>,
+        observer: Option<Arc<dyn WatchObserver>>,
+        config: WatchConfig,
     ) -> Self {
         Self {
             api,
@@ -97,21 +95,24 @@ where
             project,
             store,
             sink,
-            observer: Arc::new(Silent),
-            config: WatchConfig::default(),
+            observer: observer.unwrap_or_else(|| Arc::new(Silent)),
+            config,
         }
     }
 
-    /// Where the watcher's counters go (default: nowhere).
-    pub fn observer(mut self, observer: Arc<dyn WatchObserver>) -> Self {
-        self.observer = observer;
-        self
+    /// The store this watcher fills: read it, repair it after live reads,
+    /// ask it for a resync. Cheap to clone; take it before `run`.
+    pub fn store(&self) -> Store<T> {
+        self.store.clone()
     }
 
-    /// Page size and watch timeout (default: [`WatchConfig::default`]).
-    pub fn config(mut self, config: WatchConfig) -> Self {
-        self.config = config;
-        self
+    /// Calls `also` after the change handler the builder was given.
+    pub(crate) fn chain_sink(&mut self, also: Sink<T>) {
+        let first = Arc::clone(&self.sink);
+        self.sink = Arc::new(move |change: &Change<T>, arrived: Instant| {
+            first(change, arrived);
+            also(change, arrived);
+        });
     }
 
     /// Runs until `shutdown` turns `true`. API failures never end it: they

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 
 use super::core::Sink;
-use super::driver::{WatchConfig, Watcher};
+use super::driver::Watcher;
 use super::object::{Change, Identity, ObjectKey};
 use super::observer::CountingObserver;
 use super::store::Store;
@@ -66,14 +66,14 @@ impl Running {
         });
         let observer = Arc::new(CountingObserver::default());
         let (stop, stop_rx) = watch::channel(false);
-        let config = WatchConfig {
-            page_limit,
-            ..WatchConfig::default()
-        };
         let task = tokio::spawn(
-            Watcher::new(api, (), project, store.clone(), sink)
+            Watcher::builder(api)
+                .project(project)
+                .store(store.clone())
+                .on_change(sink)
                 .observer(observer.clone())
-                .config(config)
+                .page_limit(page_limit)
+                .build()
                 .run(stop_rx),
         );
         Self {
@@ -315,8 +315,12 @@ fn _run_future_is_send(
 ) {
     fn assert_send<F: Send>(_: F) {}
     assert_send(
-        Watcher::new(api, (), project, store, sink)
+        Watcher::builder(api)
+            .project(project)
+            .store(store)
+            .on_change(sink)
             .observer(observer)
+            .build()
             .run(stop),
     );
 }

@@ -61,37 +61,40 @@
 
 #![warn(missing_docs)]
 
-pub mod cache;
+mod builder;
+mod cache;
 mod cache_list;
 mod cache_repair;
-pub mod core;
+mod core;
 mod core_events;
-pub mod decode;
-pub mod driver;
-pub mod error;
-pub mod index;
-pub mod list;
+mod decode;
+mod driver;
+mod error;
+mod events;
+mod index;
+mod list;
 pub mod live;
-pub mod machine;
-pub mod object;
-pub mod observer;
-pub mod reason;
-pub mod rv;
-pub mod store;
+mod machine;
+mod object;
+mod observer;
+mod reason;
+mod rv;
+mod store;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
+pub use builder::WatcherBuilder;
 pub use cache::{Cache, ReadStamp, Restored};
-pub use core::{Sink, Step, WatchCore};
-pub use driver::{WatchConfig, Watcher, stopped};
-pub use error::{ApiErrorKind, WatchError};
-pub use list::{ListDiffBuilder, ListMode};
-pub use machine::{Action, Machine, Phase, RestartReason};
+pub use core::Sink;
+pub use driver::Watcher;
+pub use error::WatchError;
 pub use object::{
-    Cached, Change, Confirmation, DeletionSource, DriftKind, Identity, ListDiff, LiveRead,
-    ObjectKey, Outcome, StaleReason, Tombstone, WatchEventKind, Whole,
+    Cached, Change, Confirmation, DeletionSource, DriftKind, Identity, LiveRead, ObjectKey,
+    Outcome, StaleReason, Tombstone, WatchEventKind, Whole,
 };
 pub use observer::{CountingObserver, WatchObserver};
+pub use reason::RestartReason;
+pub use rv::compare_rv;
 pub use store::{ResyncReport, Store, StoreHandle, share_rewinds};
 
 #[cfg(test)]

@@ -61,6 +61,7 @@ pub struct ListOutcome<T> {
     /// The mode it ended in.
     pub mode: ListMode,
     /// Whether this list found the store rewound (by its RV).
+    #[cfg(test)]
     pub rewound: bool,
     /// Differences of the previous resync that the watch never explained:
     /// drift to count now (resync lists only).
@@ -131,11 +132,13 @@ impl<T: Cached> ListDiffBuilder<T> {
     }
 
     /// Whether all pages so far belong to one snapshot.
+    #[cfg(test)]
     pub fn is_consistent(&self) -> bool {
         self.consistent && self.list_rv.is_some()
     }
 
     /// The mode the list is in now.
+    #[cfg(test)]
     pub fn mode(&self) -> ListMode {
         self.mode
     }
@@ -146,12 +149,14 @@ impl<T: Cached> ListDiffBuilder<T> {
     }
 
     /// Undecodable items listed so far.
+    #[cfg(test)]
     pub fn undecodable(&self) -> usize {
         self.undecodable
     }
 
     /// The list starts over from its first page (a new snapshot): the keys
     /// listed so far prove nothing about it. Changes already applied stay.
+    #[cfg(test)]
     pub fn restart(&mut self) {
         self.listed.clear();
         self.list_rv = None;
@@ -171,6 +176,7 @@ impl<T: Cached> ListDiffBuilder<T> {
                     diff: self.diff,
                     list_rv: None,
                     mode: self.mode,
+                    #[cfg(test)]
                     rewound: self.rewound,
                     leftover_drift: Vec::new(),
                 };
@@ -195,6 +201,7 @@ impl<T: Cached> ListDiffBuilder<T> {
             diff: self.diff,
             list_rv: Some(list_rv),
             mode: self.mode,
+            #[cfg(test)]
             rewound: self.rewound,
             leftover_drift,
         }

@@ -151,6 +151,7 @@ impl Machine {
     }
 
     /// Where the machine is.
+    #[cfg(test)]
     pub fn phase(&self) -> &Phase {
         &self.phase
     }

@@ -45,8 +45,6 @@ pub enum RvObservation {
 #[derive(Clone, Debug, Default)]
 pub struct ResumePoint {
     highest: Option<String>,
-    opaque: u64,
-    regressions: u64,
 }
 
 impl ResumePoint {
@@ -60,13 +58,9 @@ impl ResumePoint {
     /// Feeds one RV. Empty RVs (e.g. a synthetic object) are ignored as opaque.
     pub fn observe(&mut self, rv: &str) -> RvObservation {
         if rv.is_empty() {
-            self.opaque += 1;
             return RvObservation::Opaque;
         }
         let Some(current) = self.highest.as_deref() else {
-            if !is_comparable(rv) {
-                self.opaque += 1;
-            }
             self.highest = Some(rv.to_owned());
             return if is_comparable(rv) {
                 RvObservation::Advanced
@@ -80,13 +74,9 @@ impl ResumePoint {
                 RvObservation::Advanced
             }
             Some(Ordering::Equal) => RvObservation::Same,
-            Some(Ordering::Less) => {
-                self.regressions += 1;
-                RvObservation::Regressed
-            }
+            Some(Ordering::Less) => RvObservation::Regressed,
             None => {
                 // Without an order, the server's latest word is all we have.
-                self.opaque += 1;
                 self.highest = Some(rv.to_owned());
                 RvObservation::Opaque
             }
@@ -96,16 +86,6 @@ impl ResumePoint {
     /// The RV to resume from, if any was seen.
     pub fn get(&self) -> Option<&str> {
         self.highest.as_deref()
-    }
-
-    /// How many opaque RVs were observed.
-    pub fn opaque_count(&self) -> u64 {
-        self.opaque
-    }
-
-    /// How many RVs lower than the resume point were observed (and ignored).
-    pub fn regression_count(&self) -> u64 {
-        self.regressions
     }
 }
 
@@ -152,17 +132,15 @@ mod tests {
         assert_eq!(point.observe("7"), RvObservation::Regressed);
         assert_eq!(point.observe("150"), RvObservation::Same);
         assert_eq!(point.get(), Some("150"));
-        assert_eq!(point.regression_count(), 1);
     }
 
     #[test]
-    fn opaque_rvs_fall_back_to_latest_and_are_counted() {
+    fn opaque_rvs_fall_back_to_latest() {
         let mut point = ResumePoint::at("100");
         assert_eq!(point.observe("abc"), RvObservation::Opaque);
         assert_eq!(point.get(), Some("abc"));
         assert_eq!(point.observe(""), RvObservation::Opaque);
         assert_eq!(point.get(), Some("abc"));
-        assert_eq!(point.opaque_count(), 2);
         assert_eq!(max_rv("5", "abc"), "abc");
         assert_eq!(max_rv("50", "7"), "50");
     }

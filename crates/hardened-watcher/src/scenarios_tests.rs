@@ -5,9 +5,10 @@
 
 use std::time::Duration;
 
-use super::cache::{Change, DeletionSource, LiveRead, Outcome, StaleReason, WatchEventKind::*};
+use super::cache::{Change, DeletionSource, Outcome, StaleReason, WatchEventKind::*};
 use super::core::Step;
 use super::machine::{Action, Phase, RestartReason};
+use super::object::LiveRead;
 use super::testkit::{Harness, apply_list, key, obj};
 
 fn api_error(code: u16, reason: &str) -> kube::Error {

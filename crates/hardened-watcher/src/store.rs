@@ -11,6 +11,8 @@ use super::cache::{Cache, ReadStamp, Restored};
 use super::error::WatchError;
 use super::machine::RestartReason;
 use super::object::{Cached, Change, Confirmation, ObjectKey};
+#[cfg(any(test, feature = "testing"))]
+use super::object::{Outcome, WatchEventKind};
 
 /// What the rest of the program asks of a watcher.
 #[derive(Debug)]
@@ -83,9 +85,13 @@ impl<T: Cached> Store<T> {
         self.inner.resource
     }
 
+    /// The cache, to read: live objects, deletion candidates, where the
+    /// store stands. Hold it briefly: the watcher waits for it to apply
+    /// what arrives.
+    ///
     /// Every cache operation is a few map updates that cannot leave the maps
     /// half-changed, so a lock poisoned by a panicking thread is still
-    /// consistent: this is the one place that says so.
+    /// consistent: this (and `write`) is the one place that says so.
     pub fn read(&self) -> RwLockReadGuard<'_, Cache<T>> {
         self.inner
             .cache
@@ -93,8 +99,9 @@ impl<T: Cached> Store<T> {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The cache, for writing (see [`Store::read`]).
-    pub fn write(&self) -> RwLockWriteGuard<'_, Cache<T>> {
+    /// The cache, for writing: the watcher's, and the named repairs'
+    /// below (see [`Store::read`]).
+    pub(crate) fn write(&self) -> RwLockWriteGuard<'_, Cache<T>> {
         self.inner
             .cache
             .write()
@@ -158,13 +165,20 @@ impl<T: Cached> Store<T> {
         answer.await.map_err(|_| gone())
     }
 
-    /// Where the cache stands before a live read is sent.
+    /// Where the cache stands before a live read is sent: take it first,
+    /// then read, then pass it to [`Store::restore`] with the answer.
     pub fn read_stamp(&self) -> ReadStamp {
         self.read().read_stamp()
     }
 
-    /// Puts an object read live into the cache (see [`Cache::restore`]); a
-    /// read that suggests a rewound store asks the watcher for a relist.
+    /// Puts an object read live (a GET with resourceVersion unset, or the
+    /// answer to the program's own write) into the cache, `stamp` being
+    /// [`Store::read_stamp`] from before the read was sent. The read is the
+    /// truth, except against what the cache learned after `stamp` (a watch
+    /// event newer than the read). A read older than what the cache knew
+    /// before it was sent is still taken, and suggests a rewound store: the
+    /// watcher is asked for a relist (at most once every 30 s), which
+    /// decides.
     pub fn restore(&self, obj: T, stamp: &ReadStamp) -> Restored<T> {
         let restored = self.write().restore(obj, stamp);
         if restored.rewind_suspected {
@@ -173,14 +187,73 @@ impl<T: Cached> Store<T> {
         restored
     }
 
-    /// See [`Cache::confirm_deleted`].
+    /// A deletion candidate is settled: a live read found incarnation `uid`
+    /// of `key` gone (or replaced by another UID), or, with
+    /// [`Confirmation::Released`], nothing is at stake. Drops its tombstone;
+    /// returns whether there was one of that incarnation. The deletion stays
+    /// remembered until a newer list covers it, so replayed history and a
+    /// list taken before the deletion cannot bring the object back.
     pub fn confirm_deleted(&self, key: &ObjectKey, uid: &str, how: Confirmation) -> bool {
         self.write().confirm_deleted(key, uid, how)
     }
 
-    /// See [`Cache::evict_ghost`].
+    /// Reads that reach etcd found incarnation `uid` of `key` gone while the
+    /// cache still holds it live: the API server's watch cache lost its
+    /// DELETE (a ghost), and every list it serves would keep it. The object
+    /// leaves the cache as confirmed gone, no further read needed; the
+    /// returned deletion candidate is for the caller's handler, which the
+    /// watcher does not call for it. `None` when the cache holds no such
+    /// incarnation.
     pub fn evict_ghost(&self, key: &ObjectKey, uid: &str) -> Option<Change<T>> {
         self.write().evict_ghost(key, uid)
+    }
+
+    /// Ages deletion evidence (tombstones and confirmed deletions) by one
+    /// tick. Call it on a timer: [`Cache::aged_tombstones`] and
+    /// [`Store::forget_confirmed`] count in these ticks, so the cache needs
+    /// no clock.
+    pub fn tick(&self) {
+        self.write().tick();
+    }
+
+    /// Forgets confirmed deletions made at least `released_ticks` ticks ago
+    /// ([`Confirmation::Released`]) or `live_read_ticks` ago
+    /// ([`Confirmation::LiveRead`], which also keeps ghosts out of lists).
+    /// Choose both longer than the API server's watch history (etcd
+    /// compaction, five minutes by default): by then no watch can replay
+    /// what they guard against. Returns how many went.
+    pub fn forget_confirmed(&self, released_ticks: u64, live_read_ticks: u64) -> usize {
+        self.write()
+            .forget_confirmed(released_ticks, live_read_ticks)
+    }
+
+    /// Applies one watch event as the watcher would (through the
+    /// per-object guard), without calling any change handler: for tests
+    /// that need a store in a given state without a server.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn apply_watch_event(&self, kind: WatchEventKind, obj: T) -> Outcome<T> {
+        self.write().apply_event(kind, obj)
+    }
+
+    /// Decodes one line of a WATCH response with the watcher's own decoder,
+    /// projects its object with `project` and applies it as
+    /// [`Store::apply_watch_event`] does. `None` for a line that is no
+    /// object event, or whose object cannot be decoded or projected.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn apply_watch_line<K>(
+        &self,
+        line: &str,
+        project: impl Fn(K) -> Option<T>,
+    ) -> Option<Outcome<T>>
+    where
+        K: serde::de::DeserializeOwned,
+    {
+        let super::decode::WatchLine::Object(kind, raw) = super::decode::parse_watch_line(line)
+        else {
+            return None;
+        };
+        let obj = super::decode::decode_object::<K, T>(raw, &project).ok()?;
+        Some(self.apply_watch_event(kind, obj))
     }
 
     /// Another watcher of the same store found it rewound: this cache is not
@@ -200,7 +273,7 @@ impl<T: Cached> Store<T> {
 
     /// Asks for a relist to find out whether the store was rewound, at most
     /// once every 30 s.
-    pub fn suspect_rewind(&self) {
+    fn suspect_rewind(&self) {
         let mut last = self
             .inner
             .last_suspect_relist
