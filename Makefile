@@ -57,7 +57,7 @@ unit-test: toolchain
 e2e-test: controlplane
 	$(CARGO) build -p watch-chaos --bins
 	$(CARGO) test --workspace --tests -- --test-threads=$(TEST_THREADS)
-	$(CARGO) run -p eg-testsupport --bin eg-with-controlplane -- $(CARGO) test -p hardened-watcher --test example
+	$(CARGO) run -p eg-testsupport --bin eg-with-controlplane -- $(CARGO) test -p hardened-watcher
 
 # The fake-node conformance specs (docs/conformance.md), both columns, with the
 # debug endpoints-guard binary; report in target/conformance/test/.
@@ -66,7 +66,7 @@ test: fmt-check clippy doc lint-shell controlplane conformance-build
 	$(CARGO) build -p endpoints-guard --bin endpoints-guard
 	EG_BINARY=$(CURDIR)/target/debug/endpoints-guard $(CARGO) run -p eg-testsupport --bin eg-conformance -- --nodes fake --out $(CURDIR)/target/conformance/test
 	EG_SOAK_DURATION=3m $(CARGO) test --workspace -- --test-threads=$(TEST_THREADS)
-	$(CARGO) run -p eg-testsupport --bin eg-with-controlplane -- $(CARGO) test -p hardened-watcher --test example
+	$(CARGO) run -p eg-testsupport --bin eg-with-controlplane -- $(CARGO) test -p hardened-watcher
 	EG_IMAGE_PROFILE=debug bash hack/e2e-node.sh short
 
 # rustdoc of the hardened-watcher crate, warnings as errors.

@@ -1,7 +1,7 @@
 //! The watcher's cache: live objects, tombstones and the per-object guard.
 //!
 //! Synchronous on purpose (no client, no async, no clock) so every failure
-//! case in `docs/watch-failures.md` is a plain unit test. The rules, in short:
+//! case in the crate documentation's table of failures is a plain unit test. The rules, in short:
 //!
 //! - A watch event older than what we hold (by resourceVersion, or an older
 //!   UID incarnation) is *stale*: ignored and reported, never applied. This
@@ -50,7 +50,7 @@ pub(super) struct PendingDrift {
 
 /// The state of the cache before a read was sent: a live read's answer is
 /// newer than everything the cache had learned by then, and older than
-/// nothing it learned after (see [`Cache::restore`]).
+/// nothing it learned after (see [`Store::restore`](crate::Store::restore)).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReadStamp(pub(super) Option<String>);
 

@@ -19,7 +19,7 @@ use kube::core::Request;
 use kube::core::params::GetParams;
 use serde::de::DeserializeOwned;
 
-pub use super::object::LiveRead;
+use super::object::LiveRead;
 use super::object::ObjectKey;
 
 /// Whether `err` says the object `name` of `resource` (plural, e.g. "pods")
@@ -37,7 +37,7 @@ pub fn is_gone(err: &kube::Error, name: &str, resource: &str) -> bool {
 }
 
 /// Classifies the answer to a GET of `name` of `resource`.
-pub fn classify<K>(
+fn classify<K>(
     answer: Result<K, kube::Error>,
     name: &str,
     resource: &str,
@@ -87,7 +87,7 @@ pub struct LiveMeta {
 /// metadata crosses the wire to us) and reads only its UID and
 /// resourceVersion. The answer's other fields (labels, annotations,
 /// managedFields) are skipped by the parser without being built, which is
-/// most of the CPU of a metadata read (docs/cpu-profile.md).
+/// most of the CPU of a metadata read.
 pub async fn get_meta<K>(
     client: &kube::Client,
     dyntype: &K::DynamicType,

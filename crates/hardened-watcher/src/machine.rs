@@ -2,7 +2,7 @@
 //! failure sequence can be scripted in a unit test. The async driver
 //! (`driver.rs`) only executes [`Machine::next_action`] and reports results.
 //!
-//! Rules (see `docs/watch-failures.md`):
+//! Rules (the failures behind them are in the crate documentation):
 //! - LIST is consistent (resourceVersion unset, never "0") and paginated; its
 //!   pages are applied as they come ([`ListDiffBuilder`](super::list::ListDiffBuilder)).
 //! - WATCH starts from the list's RV; bookmarks and events advance the resume

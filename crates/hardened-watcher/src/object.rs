@@ -11,7 +11,8 @@ pub trait Cached: Clone + Send + Sync + 'static {
     fn key(&self) -> ObjectKey;
     /// The incarnation: a name deleted and created again gets a new UID.
     fn uid(&self) -> &str;
-    /// The version, compared by [`compare_rv`](crate::rv::compare_rv).
+    /// The version, ordered as KEP-5504 says: by length, then lexically
+    /// (a version that is no decimal integer is opaque, and counted).
     fn resource_version(&self) -> &str;
     /// Whether the cache keeps a label index of this kind (see [`Cached::labels`]).
     const LABEL_INDEXED: bool = false;
@@ -169,7 +170,7 @@ pub struct Tombstone<T> {
     pub observed_rv: Option<String>,
     /// How the deletion was learned.
     pub source: DeletionSource,
-    /// The cache's [`tick`](super::cache::Cache::tick) when it was made: how
+    /// The [`Store::tick`](crate::Store::tick) count when it was made: how
     /// old an unconfirmed candidate is, without a clock in here.
     pub born: u64,
     /// Made by the list that started the cache over after a store rewind:
@@ -207,7 +208,7 @@ pub enum Change<T> {
         new: Arc<T>,
     },
     /// The object may be gone; carries its last known state. Never act on it
-    /// without a live read: see [`Cache::confirm_deleted`](super::cache::Cache::confirm_deleted).
+    /// without a live read: see [`Store::confirm_deleted`](crate::Store::confirm_deleted).
     DeletionCandidate(Arc<T>),
 }
 

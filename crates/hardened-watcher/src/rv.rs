@@ -1,8 +1,8 @@
 //! resourceVersion comparison (KEP-5504) and the resume point.
 //!
 //! A resourceVersion is the version of one *object*, not an event sequence
-//! number: a DELETE of an old object may carry that object's old RV (failure A
-//! in the repository's `docs/watch-failures.md`). So the point to resume a watch from is the
+//! number: a DELETE of an old object may carry that object's old RV (the first failure
+//! of the crate documentation's table). So the point to resume a watch from is the
 //! highest RV ever seen, never "the RV of the last event".
 
 use std::cmp::Ordering;

@@ -1,5 +1,5 @@
 //! The cases of "What a hardened watcher must survive"
-//! (`docs/watch-failures.md`), each driven through the [`WatchCore`](super::core::WatchCore)
+//! (the crate documentation's table of failures), each driven through the [`WatchCore`](super::core::WatchCore)
 //! the driver runs: pages, events, bookmarks and live reads in; changes,
 //! counters and the next step out.
 

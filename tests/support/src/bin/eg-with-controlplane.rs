@@ -5,7 +5,7 @@
 //! nothing of this repository, a real API server:
 //!
 //! ```text
-//! cargo run -p eg-testsupport --bin eg-with-controlplane -- cargo test -p hardened-watcher --test example
+//! cargo run -p eg-testsupport --bin eg-with-controlplane -- cargo test -p hardened-watcher
 //! ```
 
 use std::process::ExitCode;
