@@ -53,7 +53,10 @@ clippy: toolchain
 unit-test: toolchain
 	$(CARGO) test --workspace --lib --bins
 
-# The end-to-end tests run the watch-chaos binary of crates/watch-chaos.
+# The end-to-end tests run the watch-chaos binary of crates/watch-chaos. The
+# hardened-watcher crate's own tests find a real API server through
+# HARDENED_WATCHER_TEST_KUBECONFIG (they skip without it): eg-with-controlplane
+# starts one and sets it.
 e2e-test: controlplane
 	$(CARGO) build -p watch-chaos --bins
 	$(CARGO) test --workspace --tests -- --test-threads=$(TEST_THREADS)
