@@ -44,6 +44,8 @@ mod cache_tests;
 #[cfg(test)]
 mod driver_tests;
 #[cfg(test)]
+mod events_tests;
+#[cfg(test)]
 mod machine_tests;
 #[cfg(test)]
 mod scenarios_tests;
