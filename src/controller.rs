@@ -21,7 +21,7 @@ use crate::reconcile::queue::{Retry, Taken};
 use crate::reconcile::{Context, Stores, Work, enqueue_all, ghost_scan, resync, slice_sync, sync};
 use crate::shutdown::stopped;
 use crate::{metrics_auth, server, tls};
-use hardened_watcher::{Change, Sink, WatchObserver, Watcher};
+use hardened_watcher::{Change, WatchObserver, Watcher};
 
 /// The API of kind `K` in `namespace` (when namespaced), or cluster-wide.
 pub fn api<K: Kind>(client: &Client, namespace: Option<&str>) -> Api<K::Object> {
@@ -48,14 +48,13 @@ impl KindVisitor for Watching<'_> {
             return;
         }
         let handler = self.ctx.clone();
-        let sink: Sink<K::Cached> =
-            Arc::new(move |change: &Change<K::Cached>, received: Instant| {
-                K::on_change(&handler, change, received);
-            });
+        let on_change = move |change: &Change<K::Cached>, received: Instant| {
+            K::on_change(&handler, change, received);
+        };
         let watcher = Watcher::builder(api::<K>(&self.ctx.client, self.namespace))
             .project(K::project)
             .store(K::store(&self.ctx.stores).clone())
-            .on_change(sink)
+            .on_change(on_change)
             .observer(self.observer.clone())
             .page_limit(self.page_limit)
             .build();

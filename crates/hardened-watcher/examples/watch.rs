@@ -17,7 +17,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow};
 use clap::Parser;
 use hardened_watcher::{
-    Change, Confirmation, DeletionSource, DriftKind, Identity, LiveRead, RestartReason, Sink,
+    Change, Confirmation, DeletionSource, DriftKind, Identity, LiveRead, RestartReason,
     StaleReason, WatchObserver, Watcher, live,
 };
 use kube::Client;
@@ -128,9 +128,9 @@ async fn main() -> Result<()> {
     let label: &'static str = Box::leak(args.resource.clone().into_boxed_str());
 
     // Changes are printed at once; deletion candidates are confirmed by a
-    // live read on another task (the sink must not block the watcher).
+    // live read on another task (the change handler must not block the watcher).
     let (candidates, mut to_confirm) = mpsc::unbounded_channel::<Arc<Identity>>();
-    let sink: Sink<Identity> = Arc::new(move |change: &Change<Identity>, _arrived| match change {
+    let on_change = move |change: &Change<Identity>, _arrived| match change {
         Change::Added(o) => println!("ADDED {} rv={}", o.key, o.resource_version),
         Change::Updated { new, .. } => println!("UPDATED {} rv={}", new.key, new.resource_version),
         Change::DeletionCandidate(o) => {
@@ -140,12 +140,12 @@ async fn main() -> Result<()> {
             );
             let _ = candidates.send(o.clone());
         }
-    });
+    };
     let (stop, shutdown) = watch::channel(false);
     let watcher = Watcher::builder_with(api, ar.clone())
         .project(|o: DynamicObject| Identity::of(&o))
         .resource(label)
-        .on_change(sink)
+        .on_change(on_change)
         .observer(Arc::new(Printer))
         .build();
     let store = watcher.store();

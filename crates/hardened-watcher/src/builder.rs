@@ -5,14 +5,14 @@
 use std::fmt::Debug;
 use std::marker::PhantomData;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kube::Api;
 use serde::de::DeserializeOwned;
 
 use super::core::Sink;
 use super::driver::{WatchConfig, Watcher};
-use super::object::{Cached, Whole};
+use super::object::{Cached, Change, Whole};
 use super::observer::WatchObserver;
 use super::store::Store;
 
@@ -128,12 +128,17 @@ where
     }
 
     /// Calls `on_change` with every change the watcher applies, in order:
-    /// watch events, list diffs and repairs alike. It runs on the watcher's
+    /// watch events, list diffs and repairs alike, and the [`Instant`] the
+    /// input it came from arrived (the watch line, the list page that
+    /// completed the list, the live read's answer), to measure from. It runs on the watcher's
     /// task with no lock held, so it must not block: queue work, never do it
-    /// there. Deletion candidates included: see [`Change::DeletionCandidate`](crate::Change::DeletionCandidate).
-    pub fn on_change(self, on_change: Sink<T>) -> WatcherBuilder<K, T, P, Bound> {
+    /// there. Deletion candidates included: see [`Change::DeletionCandidate`].
+    pub fn on_change(
+        self,
+        on_change: impl Fn(&Change<T>, Instant) + Send + Sync + 'static,
+    ) -> WatcherBuilder<K, T, P, Bound> {
         WatcherBuilder {
-            on_change: Some(on_change),
+            on_change: Some(Arc::new(on_change)),
             ..self.bind()
         }
     }

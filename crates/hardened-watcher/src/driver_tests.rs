@@ -12,7 +12,6 @@ use kube::Api;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-use super::core::Sink;
 use super::driver::Watcher;
 use super::object::{Change, Identity, ObjectKey};
 use super::observer::CountingObserver;
@@ -58,12 +57,12 @@ impl Running {
         let store = Store::new("services");
         let delivered = Arc::new(Mutex::new(Vec::new()));
         let sink_log = delivered.clone();
-        let sink: Sink<Svc> = Arc::new(move |change: &Change<Svc>, _arrived| {
+        let sink = move |change: &Change<Svc>, _arrived| {
             sink_log
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .push(change.clone());
-        });
+        };
         let observer = Arc::new(CountingObserver::default());
         let (stop, stop_rx) = watch::channel(false);
         let task = tokio::spawn(
@@ -309,7 +308,7 @@ async fn a_disputed_item_is_read_live_and_only_a_not_found_status_is_gone() {
 fn _run_future_is_send(
     api: Api<Service>,
     store: Store<Svc>,
-    sink: Sink<Svc>,
+    sink: impl Fn(&Change<Svc>, std::time::Instant) + Send + Sync + 'static,
     observer: Arc<CountingObserver>,
     stop: watch::Receiver<bool>,
 ) {

@@ -25,7 +25,6 @@ pub mod testing;
 
 pub use builder::WatcherBuilder;
 pub use cache::{Cache, ReadStamp, Restored};
-pub use core::Sink;
 pub use driver::Watcher;
 pub use error::WatchError;
 pub use object::{
