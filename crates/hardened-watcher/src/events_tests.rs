@@ -123,3 +123,47 @@ async fn a_deletion_a_read_disproves_is_told_as_an_apply() {
         Some("13")
     );
 }
+
+#[tokio::test]
+async fn a_cache_that_starts_over_begins_a_new_sequence() {
+    let peer = ScriptedApi::start(vec![
+        Reply::list(
+            "ServiceList",
+            vec![svc("a", "5"), svc("b", "6")],
+            "10",
+            None,
+        ),
+        Reply::Hang,
+        // The relist after the store was found rewound: b is missing.
+        Reply::list("ServiceList", vec![svc("a", "5")], "20", None),
+    ])
+    .await
+    .unwrap_or_else(|err| panic!("scripted peer: {err}"));
+    peer.route(
+        "GET",
+        "/api/v1/namespaces/ns/services/b",
+        Reply::not_found("services", "b"),
+    );
+    let watcher = Watcher::builder(Api::<Service>::all(peer.client(Duration::from_secs(30))))
+        .resource("services")
+        .build();
+    let store = watcher.store();
+    let mut events = Box::pin(watcher.into_event_stream());
+    assert_eq!(
+        next_events(&mut events, 4).await,
+        ["Init", "InitApply a 5", "InitApply b 6", "InitDone"]
+    );
+    store.start_over();
+    // b, a deletion candidate when the sequence begins, is still listed (a
+    // reflector would otherwise drop it unread), then read and deleted.
+    assert_eq!(
+        next_events(&mut events, 5).await,
+        [
+            "Init",
+            "InitApply a 5",
+            "InitApply b 6",
+            "InitDone",
+            "Delete b 6"
+        ]
+    );
+}
