@@ -166,9 +166,12 @@ where
 
     /// The server-side timeout of each WATCH request, after which the server
     /// closes it and the watcher resumes from the highest resourceVersion
-    /// (default 290 s). A stream silent for 30 s longer counts as dead.
+    /// (default 290 s), in whole seconds, at least one (the API takes
+    /// seconds, and 0 would mean the server's own default). A stream silent
+    /// for 30 s longer counts as dead.
     pub fn watch_timeout(mut self, timeout: Duration) -> Self {
-        self.config.watch_timeout_secs = u32::try_from(timeout.as_secs()).unwrap_or(u32::MAX);
+        self.config.watch_timeout_secs =
+            u32::try_from(timeout.as_secs()).map_or(u32::MAX, |secs| secs.max(1));
         self
     }
 
