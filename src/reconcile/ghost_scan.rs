@@ -215,6 +215,17 @@ impl Scan {
     /// Up to `reads` reads for this round: rechecks that are due first, then
     /// the pass. A pass that ends mid-round is not started again until the
     /// next round, so no target is read twice in one.
+    /// The repairs due by `now`, between rounds.
+    fn due_repairs(&mut self, now: Instant) -> Vec<Read> {
+        let mut out = Vec::new();
+        while self.behind.front().is_some_and(|(at, _, _)| *at <= now)
+            && let Some((_, target, found_rv)) = self.behind.pop_front()
+        {
+            out.push(Read::Repair { target, found_rv });
+        }
+        out
+    }
+
     fn round(&mut self, reads: usize, now: Instant) -> Vec<Read> {
         let mut out = Vec::with_capacity(reads);
         while out.len() < reads {
@@ -256,12 +267,26 @@ pub async fn run(ctx: Arc<Context>, pace: Pace, mut shutdown: watch::Receiver<bo
         behind: VecDeque::new(),
     };
     loop {
+        // A repair is due `CATCH_UP` after its read, not at the next round:
+        // the drain of a deleted pod's server may be shorter than a round.
+        let wake = scan
+            .behind
+            .front()
+            .map_or(next_round, |(at, _, _)| (*at).min(next_round));
         tokio::select! {
-            () = tokio::time::sleep_until(next_round.into()) => {}
+            () = tokio::time::sleep_until(wake.into()) => {}
             () = stopped(&mut shutdown) => return,
         }
+        let now = Instant::now();
         if !ctx.stores.synced() {
-            next_round = Instant::now() + rounds.interval;
+            if now >= next_round {
+                next_round = now + rounds.interval;
+            }
+            continue;
+        }
+        if now < next_round {
+            let repairs = scan.due_repairs(now);
+            run_reads(&ctx, &mut scan, repairs).await;
             continue;
         }
         if scan.pass.is_empty() {
@@ -278,28 +303,37 @@ pub async fn run(ctx: Arc<Context>, pace: Pace, mut shutdown: watch::Receiver<bo
                 "ghost scan: new pass"
             );
         }
-        let batch = scan.round(rounds.reads, Instant::now());
-        let answers: Vec<_> = futures::stream::iter(batch)
-            .map(|read| perform(&ctx, read))
-            .buffer_unordered(ROUND_CONCURRENCY)
-            .collect()
-            .await;
-        for answer in answers {
-            match answer {
-                Some((target, Verdict::Suspect, _)) => {
-                    scan.suspects
-                        .push_back((Instant::now() + RECHECK_AFTER, target));
-                }
-                Some((target, Verdict::Ghost, _)) => evict(&ctx, &target),
-                Some((target, Verdict::Behind, found_rv)) => {
-                    scan.behind
-                        .push_back((Instant::now() + CATCH_UP, target, found_rv));
-                }
-                Some((_, Verdict::Fine, _)) | None => {}
-            }
-        }
+        let batch = scan.round(rounds.reads, now);
+        run_reads(&ctx, &mut scan, batch).await;
         // A slow round (slow reads) goes on from now rather than catching up.
         next_round = (next_round + rounds.interval).max(Instant::now());
+    }
+}
+
+/// Makes `reads`, up to `ROUND_CONCURRENCY` at once, and acts on what they
+/// found.
+async fn run_reads(ctx: &Arc<Context>, scan: &mut Scan, reads: Vec<Read>) {
+    if reads.is_empty() {
+        return;
+    }
+    let answers: Vec<_> = futures::stream::iter(reads)
+        .map(|read| perform(ctx, read))
+        .buffer_unordered(ROUND_CONCURRENCY)
+        .collect()
+        .await;
+    for answer in answers {
+        match answer {
+            Some((target, Verdict::Suspect, _)) => {
+                let at = Instant::now() + RECHECK_AFTER;
+                scan.suspects.push_back((at, target));
+            }
+            Some((target, Verdict::Ghost, _)) => evict(ctx, &target),
+            Some((target, Verdict::Behind, found_rv)) => {
+                let at = Instant::now() + CATCH_UP;
+                scan.behind.push_back((at, target, found_rv));
+            }
+            Some((_, Verdict::Fine, _)) | None => {}
+        }
     }
 }
 
@@ -629,6 +663,16 @@ mod tests {
             "the pass ends: the round ends, a suspect not yet due waits"
         );
         assert_eq!(names(&scan.round(5, later)), ["t again"]);
+
+        // Between rounds, only the repairs that are due.
+        scan.behind = [
+            (now, target("x"), "3".to_string()),
+            (later, target("y"), "4".to_string()),
+        ]
+        .into();
+        assert_eq!(names(&scan.due_repairs(now)), ["x repair"]);
+        assert!(scan.due_repairs(now).is_empty());
+        assert_eq!(names(&scan.due_repairs(later)), ["y repair"]);
     }
 
     #[test]
