@@ -32,23 +32,14 @@ skip() {
   exit 0
 }
 
-[ "$(id -u)" = 0 ] || skip "a real node needs root (kubelet, containerd, iptables, mounts)"
 packages=(containerd runc containernetworking-plugins iptables conntrack ca-certificates curl wget)
-missing=()
-for package in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed' || missing+=("$package")
-done
-if [ "${#missing[@]}" -gt 0 ]; then
-  command -v apt-get >/dev/null || skip "missing ${missing[*]} and no apt-get to install them"
-  log "installing ${missing[*]}"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-  # Debian's containerd package may start its service where an init system
-  # runs one; the node runs its own containerd.
-  if command -v service >/dev/null && pgrep -x containerd >/dev/null; then
-    service containerd stop >/dev/null 2>&1 || true
-  fi
-fi
+status=0
+reason=$(install_node_packages "${packages[@]}") || status=$?
+case "$status" in
+  0) ;;
+  1) skip "$reason" ;;
+  *) die "$reason" ;;
+esac
 
 agnhost_tag=registry.k8s.io/e2e-test-images/agnhost:2.63.0
 pause_tag=registry.k8s.io/pause:3.10.2

@@ -35,23 +35,13 @@ skip() {
 case "$form" in full | short) ;; *) die "usage: $0 [full|short]" ;; esac
 case "$profile" in release | debug) ;; *) die "EG_IMAGE_PROFILE must be release or debug" ;; esac
 
-[ "$(id -u)" = 0 ] || skip "a real node needs root (kubelet, containerd, iptables, mounts)"
-
-missing=()
-for package in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed' || missing+=("$package")
-done
-if [ "${#missing[@]}" -gt 0 ]; then
-  command -v apt-get >/dev/null || skip "missing ${missing[*]} and no apt-get to install them"
-  log "installing ${missing[*]}"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-  # Debian's containerd package may start its service where an init system
-  # runs one; the node runs its own containerd.
-  if command -v service >/dev/null && pgrep -x containerd >/dev/null; then
-    service containerd stop >/dev/null 2>&1 || true
-  fi
-fi
+status=0
+reason=$(install_node_packages "${packages[@]}") || status=$?
+case "$status" in
+  0) ;;
+  1) skip "$reason" ;;
+  *) die "$reason" ;;
+esac
 
 # One node at a time: a second run (a conformance run on the node, another
 # checkout's make test) waits for the first instead of finding its kubelet.

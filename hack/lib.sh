@@ -76,3 +76,38 @@ assemble_controller_rootfs() {
     >"$rootfs/etc/passwd"
   printf 'root:x:0:\nnonroot:x:65532:\n' >"$rootfs/etc/group"
 }
+
+# Installs the Debian packages a real node needs ("$@") where they are
+# missing. Where it cannot (not root, or no apt-get), prints why on stdout and
+# returns 1: the caller skips the run with that reason. Where apt-get fails,
+# prints that and returns 2: the caller fails. (Run as `$(...)` in an `if`,
+# errexit is off inside, hence the explicit checks.)
+install_node_packages() {
+  if [ "$(id -u)" != 0 ]; then
+    echo "a real node needs root (kubelet, containerd, iptables, mounts)"
+    return 1
+  fi
+  local missing=() package
+  for package in "$@"; do
+    dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed' || missing+=("$package")
+  done
+  [ "${#missing[@]}" -gt 0 ] || return 0
+  if ! command -v apt-get >/dev/null; then
+    echo "missing ${missing[*]} and no apt-get to install them"
+    return 1
+  fi
+  echo "installing ${missing[*]}" >&2
+  if ! apt-get update -qq >/dev/null; then
+    echo "apt-get update failed"
+    return 2
+  fi
+  if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; then
+    echo "apt-get install ${missing[*]} failed"
+    return 2
+  fi
+  # Debian's containerd package may start its service where an init system
+  # runs one; the node runs its own containerd.
+  if command -v service >/dev/null && pgrep -x containerd >/dev/null; then
+    service containerd stop >/dev/null 2>&1 || true
+  fi
+}
