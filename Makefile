@@ -72,9 +72,11 @@ test: fmt-check clippy doc lint-shell controlplane conformance-build
 	$(CARGO) run -p eg-testsupport --bin eg-with-controlplane -- $(CARGO) test -p hardened-watcher
 	EG_IMAGE_PROFILE=debug bash hack/e2e-node.sh short
 
-# rustdoc of the hardened-watcher crate, warnings as errors.
+# rustdoc of the hardened-watcher crate, warnings as errors, and the crate as
+# crates.io would take it (packaged, then built from the package alone).
 doc: toolchain
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc -p hardened-watcher --no-deps --features testing
+	$(CARGO) package -p hardened-watcher --allow-dirty
 
 parity: controlplane
 	EG_PARITY_SCALE=full $(CARGO) test --release --test parity --test slice_parity -- --nocapture
