@@ -14,8 +14,8 @@ use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::config::{Config, Controller};
 use crate::error::Result;
-use crate::kinds::{Kind, KindVisitor, for_each_kind};
 use crate::metrics::Metrics;
+use crate::reconcile::kinds::{Kind, KindVisitor, for_each_kind};
 use crate::reconcile::latency::WriteTimer;
 use crate::reconcile::queue::{Retry, Taken};
 use crate::reconcile::{Context, Stores, Work, enqueue_all, ghost_scan, resync, slice_sync, sync};

@@ -15,7 +15,6 @@ pub mod config;
 pub mod controller;
 pub mod desired;
 pub mod error;
-pub mod kinds;
 pub mod leader;
 pub mod metrics;
 pub mod metrics_auth;

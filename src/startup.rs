@@ -12,8 +12,8 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use crate::config::{Config, Mode};
 use crate::controller;
 use crate::error::{Error, Result};
-use crate::kinds::{Kind, KindVisitor, for_each_kind};
 use crate::ratelimit::RateLimitLayer;
+use crate::reconcile::kinds::{Kind, KindVisitor, for_each_kind};
 
 /// Builds a client from `--kubeconfig`/`$KUBECONFIG`, else in-cluster, else
 /// `~/.kube/config`.

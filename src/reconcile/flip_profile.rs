@@ -22,10 +22,10 @@ use hardened_watcher::{LiveRead, ObjectKey, Outcome, WatchEventKind, live};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 
-use super::{Context, Stores, handlers, sync, testkit};
+use super::{Context, Stores, kinds, sync, testkit};
 use crate::config::{Controller, Controllers};
 use crate::desired;
-use crate::kinds::{EndpointsKind, Kind, PodKind, ServiceKind};
+use crate::reconcile::kinds::{EndpointsKind, Kind, PodKind, ServiceKind};
 
 const NAMESPACE: &str = "eg-bench-0";
 const SERVICES: usize = 50;
@@ -170,7 +170,7 @@ fn stage_endpoints_event(ctx: &Arc<Context>, line: &str) {
         panic!("not an endpoints event")
     };
     if let Outcome::Applied(change) = outcome {
-        handlers::on_endpoints(ctx, &change, None);
+        kinds::on_endpoints(ctx, &change, None);
     }
 }
 

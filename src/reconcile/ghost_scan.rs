@@ -38,9 +38,9 @@ use k8s_openapi::api::core::v1::{Pod, Service};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use super::cached::{CachedService, strip_managed_fields};
-use super::cached::{pod_target_refs, slice_pod_refs};
-use super::{Context, handlers};
+use super::kinds::{CachedService, strip_managed_fields};
+use super::kinds::{pod_target_refs, slice_pod_refs};
+use super::{Context, kinds};
 use crate::desired::PodInfo;
 use crate::shutdown::stopped;
 use hardened_watcher::live::LiveMeta;
@@ -508,7 +508,7 @@ async fn repair_pod(
     };
     match ctx.stores.pods.restore(info, stamp).outcome {
         Outcome::Applied(change) => {
-            handlers::on_pod(ctx, &change, Some(Instant::now()));
+            kinds::on_pod(ctx, &change, Some(Instant::now()));
             Ok(true)
         }
         Outcome::Stale(_) | Outcome::Unchanged => Ok(false),
@@ -530,7 +530,7 @@ async fn repair_service(
     let cached: CachedService = Whole(strip_managed_fields(svc));
     match ctx.stores.services.restore(cached, stamp).outcome {
         Outcome::Applied(change) => {
-            handlers::on_service(ctx, &change, Some(Instant::now()));
+            kinds::on_service(ctx, &change, Some(Instant::now()));
             Ok(true)
         }
         Outcome::Stale(_) | Outcome::Unchanged => Ok(false),
@@ -544,12 +544,12 @@ fn evict(ctx: &Arc<Context>, target: &Target) {
     match target.kind {
         Kind::Pod => {
             if let Some(change) = ctx.stores.pods.evict_ghost(&target.key, &target.uid) {
-                handlers::on_pod(ctx, &change, Some(Instant::now()));
+                kinds::on_pod(ctx, &change, Some(Instant::now()));
             }
         }
         Kind::Service => {
             if let Some(change) = ctx.stores.services.evict_ghost(&target.key, &target.uid) {
-                handlers::on_service(ctx, &change, Some(Instant::now()));
+                kinds::on_service(ctx, &change, Some(Instant::now()));
             }
         }
     }

@@ -14,7 +14,7 @@ use kube::runtime::events::{Event, EventType};
 use tracing::{info, warn};
 
 use super::Context;
-use super::cached::{CachedNode, CachedService, strip_managed_fields};
+use super::kinds::{CachedNode, CachedService, strip_managed_fields};
 use crate::config::Controller;
 use crate::desired::{self, PodInfo};
 use crate::error::{Error, Result};

@@ -10,8 +10,8 @@ use hardened_watcher::testing::Reply;
 use hardened_watcher::{ObjectKey, WatchEventKind, Whole};
 use serde_json::json;
 
-use super::cached::pod_target_refs;
 use super::guard::{ServiceLookup, hold_unconfirmed_pod_deletions, lookup_service};
+use super::kinds::pod_target_refs;
 use super::testkit::{endpoints, pod, scripted, service};
 use crate::config::Controller;
 use crate::desired::PodInfo;

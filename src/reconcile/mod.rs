@@ -2,10 +2,9 @@
 //! reconcile of one Service for each controller (observe → desire → guard →
 //! apply), the deletion guard and the resync diff.
 
-pub mod cached;
 pub mod ghost_scan;
 pub mod guard;
-pub mod handlers;
+pub mod kinds;
 pub mod latency;
 pub mod orphans;
 pub mod queue;
@@ -30,12 +29,12 @@ use kube::runtime::events::Recorder;
 
 use crate::config::{Controller, Controllers, Mode};
 use crate::desired::{ManagedBy, PodInfo};
-use crate::kinds::{
+use crate::metrics::Metrics;
+use crate::reconcile::kinds::{CachedEndpoints, CachedNode, CachedService, CachedSlice};
+use crate::reconcile::kinds::{
     EndpointSliceKind, EndpointsKind, Kind, KindVisitor, NodeKind, PodKind, ServiceKind,
     for_each_kind,
 };
-use crate::metrics::Metrics;
-use crate::reconcile::cached::{CachedEndpoints, CachedNode, CachedService, CachedSlice};
 use hardened_watcher::{Cached, ObjectKey, Store, StoreHandle};
 use tokio::sync::watch;
 

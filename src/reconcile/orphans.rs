@@ -18,7 +18,7 @@ use std::sync::{Mutex, PoisonError};
 use tracing::warn;
 
 use super::Context;
-use super::cached::CachedEndpoints;
+use super::kinds::CachedEndpoints;
 use hardened_watcher::ObjectKey;
 
 /// The keys of the unmanaged orphan Endpoints, as last reconciled.
@@ -75,7 +75,7 @@ mod tests {
 
     use super::UnmanagedOrphans;
     use crate::reconcile::Context;
-    use crate::reconcile::cached::CachedEndpoints;
+    use crate::reconcile::kinds::CachedEndpoints;
     use crate::reconcile::sync::reconcile;
     use crate::reconcile::testkit::{context, untimed};
 

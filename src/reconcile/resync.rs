@@ -20,7 +20,7 @@ use super::{Context, enqueue_all};
 use crate::config::Controller;
 use crate::desired;
 use crate::error::{Error, Result};
-use crate::kinds::{Kind, KindVisitor, for_each_kind};
+use crate::reconcile::kinds::{Kind, KindVisitor, for_each_kind};
 use hardened_watcher::{Cached, Confirmation, ResyncReport, WatchError};
 
 /// How long one resync waits for a watcher's list.
@@ -225,7 +225,7 @@ mod tests {
                 }
             }
             let named = crate::reconcile::testkit::endpoints("ns", "a", &[("named", "10.0.0.2")]);
-            if let Some(cached) = crate::reconcile::cached::CachedEndpoints::new(named) {
+            if let Some(cached) = crate::reconcile::kinds::CachedEndpoints::new(named) {
                 ctx.stores
                     .endpoints
                     .apply_watch_event(WatchEventKind::Added, cached);

@@ -18,11 +18,11 @@ use kube::Api;
 use kube::api::{DeleteParams, PostParams, Preconditions};
 use tracing::{debug, info, warn};
 
-use super::cached::{CachedService, CachedSlice, slice_pod_refs};
 use super::guard::{self, ServiceLookup};
+use super::kinds::{CachedService, CachedSlice, slice_pod_refs};
 use super::latency::WriteTimer;
 use super::sync::{self, Verb};
-use super::{Context, handlers};
+use super::{Context, kinds};
 use crate::config::{Controller, Mode};
 use crate::desired::slices::{
     self, DesiredSlices, HintMode, NodeInfo, PlanOptions, SlicePlan, UPSTREAM_SLICE_MANAGER,
@@ -36,7 +36,7 @@ const CONTROLLER: Controller = Controller::Endpointslices;
 
 /// `timer` times the first write (see [`WriteTimer`]).
 pub async fn reconcile(ctx: &Context, key: &ObjectKey, timer: &WriteTimer) -> Result<()> {
-    let existing = handlers::slices_of(ctx, key);
+    let existing = kinds::slices_of(ctx, key);
     let service = match ctx.stores.services.get(key) {
         Some(svc) => svc,
         None if existing.is_empty() => {

@@ -11,14 +11,14 @@ use tracing::{debug, info, warn};
 
 use std::collections::HashSet;
 
-use super::cached::{CachedEndpoints, managed_by, pod_target_refs};
 use super::guard::{self, ServiceLookup};
+use super::kinds::{CachedEndpoints, managed_by, pod_target_refs};
 use super::latency::WriteTimer;
-use super::{Context, handlers, orphans};
+use super::{Context, kinds, orphans};
 use crate::config::{Controller, Mode};
 use crate::desired::{self, PodInfo};
 use crate::error::{Error, Result, api_code};
-use crate::kinds::{Kind, ServiceKind};
+use crate::reconcile::kinds::{Kind, ServiceKind};
 use crate::wire::EndpointsWire;
 use hardened_watcher::{Cached, Confirmation, LiveRead, ObjectKey, ReadStamp, live};
 
@@ -296,7 +296,7 @@ pub(super) fn release_dropped_pods(ctx: &Context, namespace: &str, dropped: Vec<
             .read()
             .tombstone(&key)
             .is_some_and(|t| t.last_known.uid() == uid);
-        if tombstoned && !handlers::pod_referenced(ctx, namespace, &uid) {
+        if tombstoned && !kinds::pod_referenced(ctx, namespace, &uid) {
             ctx.stores
                 .pods
                 .confirm_deleted(&key, &uid, Confirmation::Released);

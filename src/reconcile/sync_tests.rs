@@ -6,7 +6,7 @@ use hardened_watcher::testing::{Reply, ScriptedApi};
 use hardened_watcher::{ObjectKey, WatchEventKind, Whole};
 use serde_json::json;
 
-use super::cached::CachedEndpoints;
+use super::kinds::CachedEndpoints;
 use super::sync::reconcile;
 use super::testkit::{endpoints, pod, scripted, service, untimed};
 use crate::reconcile::Context;

@@ -1,4 +1,8 @@
+use k8s_openapi::api::core::v1::Endpoints;
+
 use super::*;
+use crate::desired;
+use crate::wire::EndpointsWire;
 
 fn endpoints() -> Endpoints {
     serde_json::from_value(serde_json::json!({
