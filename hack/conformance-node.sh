@@ -33,13 +33,7 @@ skip() {
 }
 
 packages=(containerd runc containernetworking-plugins iptables conntrack ca-certificates curl wget)
-status=0
-reason=$(install_node_packages "${packages[@]}") || status=$?
-case "$status" in
-  0) ;;
-  1) skip "$reason" ;;
-  *) die "$reason" ;;
-esac
+need_node_packages "${packages[@]}"
 
 agnhost_tag=registry.k8s.io/e2e-test-images/agnhost:2.63.0
 pause_tag=registry.k8s.io/pause:3.10.2

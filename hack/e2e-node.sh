@@ -35,13 +35,7 @@ skip() {
 case "$form" in full | short) ;; *) die "usage: $0 [full|short]" ;; esac
 case "$profile" in release | debug) ;; *) die "EG_IMAGE_PROFILE must be release or debug" ;; esac
 
-status=0
-reason=$(install_node_packages "${packages[@]}") || status=$?
-case "$status" in
-  0) ;;
-  1) skip "$reason" ;;
-  *) die "$reason" ;;
-esac
+need_node_packages "${packages[@]}"
 
 # One node at a time: a second run (a conformance run on the node, another
 # checkout's make test) waits for the first instead of finding its kubelet.

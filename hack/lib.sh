@@ -111,3 +111,15 @@ install_node_packages() {
     service containerd stop >/dev/null 2>&1 || true
   fi
 }
+
+# install_node_packages for a script that defines skip(): skips the run where
+# the packages cannot be installed, fails where apt-get failed.
+need_node_packages() {
+  local status=0 reason
+  reason=$(install_node_packages "$@") || status=$?
+  case "$status" in
+    0) ;;
+    1) skip "$reason" ;;
+    *) die "$reason" ;;
+  esac
+}

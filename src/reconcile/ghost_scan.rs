@@ -34,19 +34,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Pod, Service};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use super::kinds::{CachedService, strip_managed_fields};
-use super::kinds::{pod_target_refs, slice_pod_refs};
-use super::{Context, kinds};
-use crate::desired::PodInfo;
+use super::Context;
+use super::kinds::{self, PodKind, ServiceKind, pod_target_refs, slice_pod_refs};
 use crate::shutdown::stopped;
 use hardened_watcher::live::LiveMeta;
-use hardened_watcher::{
-    Cached, LiveRead, ObjectKey, Outcome, ReadStamp, WatchObserver, Whole, compare_rv, live,
-};
+use hardened_watcher::{Cached, LiveRead, ObjectKey, Outcome, WatchObserver, compare_rv, live};
 
 /// The second read of a suspected ghost.
 const RECHECK_AFTER: Duration = Duration::from_secs(10);
@@ -62,11 +57,28 @@ enum Kind {
     Service,
 }
 
+/// Runs `$generic::<K>($args)` (awaited, with `.await`) with `K` the
+/// watched kind of `$kind`.
+macro_rules! per_kind {
+    ($kind:expr, $generic:ident($($arg:expr),*).await) => {
+        match $kind {
+            Kind::Pod => $generic::<PodKind>($($arg),*).await,
+            Kind::Service => $generic::<ServiceKind>($($arg),*).await,
+        }
+    };
+    ($kind:expr, $generic:ident($($arg:expr),*)) => {
+        match $kind {
+            Kind::Pod => $generic::<PodKind>($($arg),*),
+            Kind::Service => $generic::<ServiceKind>($($arg),*),
+        }
+    };
+}
+
 impl Kind {
     fn resource(self) -> &'static str {
         match self {
-            Kind::Pod => "pods",
-            Kind::Service => "services",
+            Kind::Pod => <PodKind as kinds::Kind>::RESOURCE,
+            Kind::Service => <ServiceKind as kinds::Kind>::RESOURCE,
         }
     }
 }
@@ -105,17 +117,18 @@ fn verdict(
     target_uid: &str,
     second: bool,
 ) -> Verdict {
-    let Some((_, cached_rv)) = cached.filter(|(uid, _)| *uid == target_uid) else {
+    if cached.is_none_or(|(uid, _)| uid != target_uid) {
         // The cache moved on (a DELETE arrived, or another incarnation).
         return Verdict::Fine;
-    };
+    }
     match found {
+        // Equal, older (the watch is ahead of the read) or opaque RVs
+        // (nothing to compare: the resync covers them) are fine.
         Some(meta) if meta.uid == target_uid => {
-            match compare_rv(&meta.resource_version, cached_rv) {
-                Some(std::cmp::Ordering::Greater) => Verdict::Behind,
-                // Equal, older (the watch is ahead of the read) or opaque RVs
-                // (nothing to compare: the resync covers them).
-                _ => Verdict::Fine,
+            if still_behind(cached, target_uid, &meta.resource_version) {
+                Verdict::Behind
+            } else {
+                Verdict::Fine
             }
         }
         // etcd holds another incarnation: the cached one is dead.
@@ -427,29 +440,22 @@ fn targets(ctx: &Context) -> Vec<Target> {
 
 /// What the cache holds of `target`'s key now: (UID, resourceVersion).
 fn cached_meta(ctx: &Context, target: &Target) -> Option<(String, String)> {
-    let meta = |uid: &str, rv: &str| (uid.to_owned(), rv.to_owned());
-    match target.kind {
-        Kind::Pod => ctx
-            .stores
-            .pods
-            .get(&target.key)
-            .map(|p| meta(p.uid(), p.resource_version())),
-        Kind::Service => ctx
-            .stores
-            .services
-            .get(&target.key)
-            .map(|s| meta(s.uid(), s.resource_version())),
-    }
+    per_kind!(target.kind, cached_meta_of(ctx, &target.key))
+}
+
+fn cached_meta_of<K: kinds::Kind>(ctx: &Context, key: &ObjectKey) -> Option<(String, String)> {
+    let cached = K::store(&ctx.stores).get(key)?;
+    Some((
+        cached.uid().to_owned(),
+        cached.resource_version().to_owned(),
+    ))
 }
 
 /// Reads `target`'s metadata and judges the cache by it; with the verdict,
 /// the resourceVersion the read found (empty when gone or failed).
 async fn check(ctx: &Context, target: &Target, second: bool) -> (Verdict, String) {
     ctx.metrics.ghost_scan_reads.inc();
-    let read = match target.kind {
-        Kind::Pod => live::get_meta::<Pod>(&ctx.client, &(), &target.key).await,
-        Kind::Service => live::get_meta::<Service>(&ctx.client, &(), &target.key).await,
-    };
+    let read = per_kind!(target.kind, read_meta(ctx, &target.key).await);
     let found = match read {
         Ok(LiveRead::Found(meta)) => Some(meta),
         Ok(LiveRead::Gone) => None,
@@ -467,21 +473,20 @@ async fn check(ctx: &Context, target: &Target, second: bool) -> (Verdict, String
     )
 }
 
+async fn read_meta<K: kinds::Kind>(
+    ctx: &Context,
+    key: &ObjectKey,
+) -> Result<LiveRead<LiveMeta>, kube::Error> {
+    live::get_meta::<K::Object>(&ctx.client, &(), key).await
+}
+
 /// The cache still holds an older state of `target` than etcd: reads it
 /// whole and puts it into the cache as a live read (the watch stays the
 /// source of anything newer, see `Store::restore`), then queues its Services.
 async fn repair(ctx: &Arc<Context>, target: &Target) {
     let resource = target.kind.resource();
     ctx.metrics.ghost_scan_reads.inc();
-    let stamp = match target.kind {
-        Kind::Pod => ctx.stores.pods.read_stamp(),
-        Kind::Service => ctx.stores.services.read_stamp(),
-    };
-    let repaired = match target.kind {
-        Kind::Pod => repair_pod(ctx, target, &stamp).await,
-        Kind::Service => repair_service(ctx, target, &stamp).await,
-    };
-    match repaired {
+    match per_kind!(target.kind, repair_as(ctx, target).await) {
         Ok(true) => {
             ctx.metrics.ghost(resource);
             warn!(object = %target.key, resource, "the watch lost an update: the cache held an older state than etcd; repaired from a live read and its Services queued");
@@ -493,44 +498,24 @@ async fn repair(ctx: &Arc<Context>, target: &Target) {
     }
 }
 
-/// Whether the pod's read changed the cache (then its Services are queued).
-async fn repair_pod(
-    ctx: &Context,
+/// Whether the read of `target` changed the cache (its change then goes to
+/// the kind's handler, as a watch event's would). Gone meanwhile, or another
+/// incarnation: the next pass reads it as a suspect.
+async fn repair_as<K: kinds::Kind>(
+    ctx: &Arc<Context>,
     target: &Target,
-    stamp: &ReadStamp,
 ) -> Result<bool, kube::Error> {
-    let LiveRead::Found(pod) = live::get::<Pod>(&ctx.client, &(), &target.key).await? else {
-        // Gone meanwhile: the next pass reads it as a suspect.
+    let store = K::store(&ctx.stores);
+    let stamp = store.read_stamp();
+    let LiveRead::Found(obj) = live::get::<K::Object>(&ctx.client, &(), &target.key).await? else {
         return Ok(false);
     };
-    let Some(info) = PodInfo::from_pod(&pod).filter(|p| p.uid() == target.uid) else {
+    let Some(cached) = K::project(obj).filter(|c| c.uid() == target.uid) else {
         return Ok(false);
     };
-    match ctx.stores.pods.restore(info, stamp).outcome {
+    match store.restore(cached, &stamp).outcome {
         Outcome::Applied(change) => {
-            kinds::on_pod(ctx, &change, Some(Instant::now()));
-            Ok(true)
-        }
-        Outcome::Stale(_) | Outcome::Unchanged => Ok(false),
-    }
-}
-
-/// Whether the Service's read changed the cache (then it is queued).
-async fn repair_service(
-    ctx: &Context,
-    target: &Target,
-    stamp: &ReadStamp,
-) -> Result<bool, kube::Error> {
-    let LiveRead::Found(svc) = live::get::<Service>(&ctx.client, &(), &target.key).await? else {
-        return Ok(false);
-    };
-    if svc.metadata.uid.as_deref() != Some(target.uid.as_str()) {
-        return Ok(false);
-    }
-    let cached: CachedService = Whole(strip_managed_fields(svc));
-    match ctx.stores.services.restore(cached, stamp).outcome {
-        Outcome::Applied(change) => {
-            kinds::on_service(ctx, &change, Some(Instant::now()));
+            K::on_change(ctx, &change, Instant::now());
             Ok(true)
         }
         Outcome::Stale(_) | Outcome::Unchanged => Ok(false),
@@ -541,19 +526,14 @@ fn evict(ctx: &Arc<Context>, target: &Target) {
     let resource = target.kind.resource();
     warn!(object = %target.key, resource, "ghost found: the API server's watch cache holds an object etcd does not; evicted from the cache");
     ctx.metrics.ghost(resource);
-    match target.kind {
-        Kind::Pod => {
-            if let Some(change) = ctx.stores.pods.evict_ghost(&target.key, &target.uid) {
-                kinds::on_pod(ctx, &change, Some(Instant::now()));
-            }
-        }
-        Kind::Service => {
-            if let Some(change) = ctx.stores.services.evict_ghost(&target.key, &target.uid) {
-                kinds::on_service(ctx, &change, Some(Instant::now()));
-            }
-        }
-    }
+    per_kind!(target.kind, evict_as(ctx, target));
     info!(object = %target.key, resource, "ghost evicted; its Services are queued");
+}
+
+fn evict_as<K: kinds::Kind>(ctx: &Arc<Context>, target: &Target) {
+    if let Some(change) = K::store(&ctx.stores).evict_ghost(&target.key, &target.uid) {
+        K::on_change(ctx, &change, Instant::now());
+    }
 }
 
 #[cfg(test)]
