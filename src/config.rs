@@ -204,6 +204,16 @@ pub struct Config {
     #[arg(long, env = "EG_KUBE_API_BURST", default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub kube_api_burst: u32,
 
+    /// Threads that run the controller. 1, the default, runs every task on
+    /// the main thread (a current-thread runtime): the work is waiting on the
+    /// API server and reconciles of microseconds, and a second thread mostly
+    /// adds wake-ups, which are most of the CPU of a read made at rest
+    /// (docs/bench.md). More threads let CPU-heavy phases (a cold list of
+    /// 100,000 pods) run beside the watches. The periodic resync's diff runs
+    /// on a thread of its own either way.
+    #[arg(long, env = "EG_WORKER_THREADS", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub worker_threads: u16,
+
     /// Elect a leader on a coordination.k8s.io Lease: only the leader writes, the
     /// others keep their caches warm. Turn on when running more than one replica.
     #[arg(long, env = "EG_LEADER_ELECT")]
@@ -475,6 +485,15 @@ mod tests {
         assert_eq!((cfg.kube_api_qps, cfg.kube_api_burst), (50.0, 100));
         assert!(Config::try_parse_from(["endpoints-guard", "--kube-api-qps=-1"]).is_err());
         assert!(Config::try_parse_from(["endpoints-guard", "--kube-api-burst=0"]).is_err());
+    }
+
+    #[test]
+    fn one_thread_unless_asked() {
+        let cfg = Config::try_parse_from(["endpoints-guard"]).expect("defaults parse");
+        assert_eq!(cfg.worker_threads, 1);
+        let cfg = Config::try_parse_from(["endpoints-guard", "--worker-threads=4"]).expect("parse");
+        assert_eq!(cfg.worker_threads, 4);
+        assert!(Config::try_parse_from(["endpoints-guard", "--worker-threads=0"]).is_err());
     }
 
     #[test]

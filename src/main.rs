@@ -8,11 +8,13 @@ use endpoints_guard::{controller, startup, verify_endpoints};
 use tokio::sync::watch;
 use tracing_subscriber::EnvFilter;
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
+fn main() -> std::process::ExitCode {
     let cfg = Config::parse();
     init_tracing(cfg.log_format);
-    match run(cfg).await {
+    let result = runtime(cfg.worker_threads)
+        .context("starting the async runtime")
+        .and_then(|runtime| runtime.block_on(run(cfg)));
+    match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {
             // One line an operator can act on: parser errors (YAML, JSON) span
@@ -37,6 +39,18 @@ fn init_tracing(format: LogFormat) {
         LogFormat::Json => builder.json().init(),
         LogFormat::Text => builder.init(),
     }
+}
+
+/// One thread: a current-thread runtime; more: a multi-thread one.
+fn runtime(threads: u16) -> std::io::Result<tokio::runtime::Runtime> {
+    let mut builder = if threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        builder.worker_threads(usize::from(threads));
+        builder
+    };
+    builder.enable_all().build()
 }
 
 async fn run(cfg: Config) -> anyhow::Result<()> {
