@@ -28,7 +28,8 @@ impl Guard {
     /// test's output.
     pub async fn start(client: kube::Client, args: &[&str]) -> anyhow::Result<Guard> {
         if let Ok(filter) = std::env::var("EG_TEST_LOG") {
-            // Already installed by an earlier Guard of this test binary: fine.
+            // One subscriber per process: the first Guard of any test installs
+            // it, and every later one logs through it.
             let _ = tracing_subscriber::fmt()
                 .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
                 .with_test_writer()
