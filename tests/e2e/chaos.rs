@@ -7,7 +7,6 @@
 //! chaos) runs them all. Reports: `target/chaos/report.{json,md}` (full) or
 //! `target/chaos/fast/` (subset).
 
-use crate::common;
 mod env;
 mod scenarios;
 mod store_faults;
@@ -15,7 +14,7 @@ mod store_faults;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::common::Guard;
+use crate::common::{self, Guard};
 use anyhow::{Context, Result};
 use eg_harness::binaries::workspace_root;
 use eg_harness::loopback;

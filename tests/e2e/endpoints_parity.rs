@@ -8,11 +8,10 @@
 //! pods; the default is the smaller run `make test` includes. Writes
 //! `target/parity/report.json`.
 
-use crate::common;
-
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use crate::common;
 use eg_harness::{ControlPlane, ControlPlaneOptions};
 use eg_tools::workload::{self, Size, Workload};
 use k8s_openapi::api::core::v1::Endpoints;

@@ -4,11 +4,9 @@
 //! re-created under the same name, a Service deleted for real, and audit mode
 //! watching kube-controller-manager.
 
-use crate::common;
-
 use std::time::Duration;
 
-use crate::common::{Guard, eventually};
+use crate::common::{self, Guard, eventually};
 use eg_harness::{ControlPlane, ControlPlaneOptions, PodBuilder, PodStatusSpec, ServiceBuilder};
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use kube::Api;

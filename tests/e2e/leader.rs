@@ -4,13 +4,11 @@
 //! gauges sampled every 100 ms). And a Lease taken by someone else stops the
 //! leader's writes at once, long before its next renewal would notice.
 
-use crate::common;
-
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::common::{eventually, metric_value};
+use crate::common::{self, eventually, metric_value};
 use anyhow::{Context, Result, bail};
 use eg_harness::loopback;
 use eg_harness::process::{Process, free_ports};

@@ -15,12 +15,11 @@
 //! (c) killing the controller fires EndpointsGuardNotReady;
 //! and (d) every query of the Grafana dashboard parses and returns data.
 
-use crate::common;
-
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use crate::common;
 use anyhow::{Context, Result, bail};
 use eg_harness::loopback;
 use eg_harness::process::{Process, free_ports};
