@@ -60,16 +60,16 @@ unit-test: toolchain
 e2e-test: controlplane
 	$(CARGO) build -p watch-chaos --bins
 	$(CARGO) test --workspace --tests -- --test-threads=$(TEST_THREADS)
-	$(CARGO) run -p eg-testsupport --bin eg-with-controlplane -- $(CARGO) test -p hardened-watcher
+	$(CARGO) run -p eg-harness --bin eg-with-controlplane -- $(CARGO) test -p hardened-watcher
 
 # The fake-node conformance specs (docs/conformance.md), both columns, with the
 # debug endpoints-guard binary; report in target/conformance/test/.
 test: fmt-check clippy doc lint-shell controlplane conformance-build
 	$(CARGO) build -p watch-chaos --bins
 	$(CARGO) build -p endpoints-guard --bin endpoints-guard
-	EG_BINARY=$(CURDIR)/target/debug/endpoints-guard $(CARGO) run -p eg-testsupport --bin eg-conformance -- --nodes fake --out $(CURDIR)/target/conformance/test
+	EG_BINARY=$(CURDIR)/target/debug/endpoints-guard $(CARGO) run -p eg-tools --bin eg-conformance -- --nodes fake --out $(CURDIR)/target/conformance/test
 	EG_SOAK_DURATION=3m $(CARGO) test --workspace -- --test-threads=$(TEST_THREADS)
-	$(CARGO) run -p eg-testsupport --bin eg-with-controlplane -- $(CARGO) test -p hardened-watcher
+	$(CARGO) run -p eg-harness --bin eg-with-controlplane -- $(CARGO) test -p hardened-watcher
 	EG_IMAGE_PROFILE=debug bash hack/e2e-node.sh short
 
 # rustdoc of the hardened-watcher crate, warnings as errors, and the crate as
@@ -79,7 +79,7 @@ doc: toolchain
 	$(CARGO) package -p hardened-watcher --allow-dirty
 
 parity: controlplane
-	EG_PARITY_SCALE=full $(CARGO) test --release --test parity --test slice_parity -- --nocapture
+	EG_PARITY_SCALE=full $(CARGO) test --release --test e2e -- --nocapture endpoints_parity:: slice_parity::
 
 # Bench size: S = 100 Services × 1,000 pods, M = 1,000 × 10,000, L = 3,000 × 30,000,
 # XL = 10,000 × 100,000, or a number N of Services (N × 10N). Each size runs
@@ -93,14 +93,14 @@ REPEAT ?= 1
 .PHONY: bench
 bench: controlplane
 	$(CARGO) build --release $(RELEASE_BINS)
-	SIZE=$(SIZE) KIND=$(KIND) $(CARGO) run --release -p eg-testsupport --bin eg-bench -- --repeat $(REPEAT)
+	SIZE=$(SIZE) KIND=$(KIND) $(CARGO) run --release -p eg-tools --bin eg-bench -- --repeat $(REPEAT)
 
 # Every scenario on a fresh control plane, once per controller, both behind watch-chaos;
 # writes target/chaos/report.json and target/chaos/report.md (make test runs a fast
 # subset); then ten minutes of pod churn that must leave no tombstones behind.
 chaos: controlplane
-	EG_CHAOS=full $(CARGO) test --test chaos -- --nocapture
-	EG_CHURN_SECONDS=600 $(CARGO) test --test e2e_store tombstones_stay_bounded_under_pod_churn -- --nocapture
+	EG_CHAOS=full $(CARGO) test --test e2e -- --nocapture chaos::
+	EG_CHURN_SECONDS=600 $(CARGO) test --test e2e -- --nocapture --exact store::tombstones_stay_bounded_under_pod_churn
 
 # The soak (issue 15): endpoints-guard (release binary, both controllers, enforce mode)
 # behind watch-chaos on the local control plane, a workload that never stops and a
@@ -112,11 +112,11 @@ DURATION ?= 30m
 .PHONY: soak
 soak: controlplane
 	$(CARGO) build --release -p watch-chaos --bins
-	EG_SOAK_DURATION=$(DURATION) $(CARGO) test --release --test soak -- --nocapture
+	EG_SOAK_DURATION=$(DURATION) $(CARGO) test --release --test e2e -- --nocapture soak::
 
 demo: controlplane
 	$(CARGO) build --release $(RELEASE_BINS)
-	$(CARGO) run --release -p eg-testsupport --bin eg-demo
+	$(CARGO) run --release -p eg-tools --bin eg-demo
 
 clean:
 	$(CARGO) clean
@@ -124,7 +124,7 @@ clean:
 # --- deployment: chart, plain manifests, kind e2e -------------------------------
 .PHONY: deploy-manifests chart-package e2e-kind image-smoke lint-shell
 
-# Renders deploy/ from charts/endpoints-guard (tests/chart.rs fails on drift).
+# Renders deploy/ from charts/endpoints-guard (tests/e2e/chart.rs fails on drift).
 deploy-manifests: controlplane
 	bash hack/render-manifests.sh
 
@@ -186,4 +186,4 @@ conformance-build: controlplane
 conformance: conformance-build
 	$(CARGO) build --release -p endpoints-guard --bin endpoints-guard
 	bash hack/conformance-node.sh
-	$(CARGO) run -p eg-testsupport --bin eg-conformance
+	$(CARGO) run -p eg-tools --bin eg-conformance

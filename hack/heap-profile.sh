@@ -27,7 +27,7 @@ rm -rf "$out"
 mkdir -p "$out"
 cd "$root"
 cargo build --release --bin endpoints-guard
-cargo build --release -p eg-testsupport --bin eg-bench
+cargo build --release -p eg-tools --bin eg-bench
 
 wrapper="$out/endpoints-guard"
 cat >"$wrapper" <<EOF

@@ -7,7 +7,7 @@
 #    assemble_controller_rootfs (hack/lib.sh: the release binaries, their shared
 #    libraries, a CA bundle, uid/gid 65532); USER 65532:65532, EXPOSE 8080, the
 #    same ENTRYPOINT as the Dockerfile.
-# 2. Runs tests/image_smoke.rs (EG_IMAGE_SMOKE=1), which starts the control plane,
+# 2. Runs tests/e2e/image_smoke.rs (EG_IMAGE_SMOKE=1), which starts the control plane,
 #    applies the chart's RBAC, and runs the image with --read-only, --user
 #    65532:65532, --cap-drop ALL, --security-opt no-new-privileges on the host
 #    network, a ServiceAccount token mounted where in-cluster config reads it.
@@ -118,9 +118,9 @@ main() {
   log "docker run $image --version: $version"
 
   step=$(now)
-  log "running: EG_IMAGE_SMOKE=1 EG_IMAGE_SMOKE_IMAGE=$image $cargo test --test image_smoke -- --nocapture"
-  (cd "$root" && EG_IMAGE_SMOKE=1 EG_IMAGE_SMOKE_IMAGE="$image" "$cargo" test --test image_smoke -- --nocapture)
-  log "cargo test --test image_smoke took $(since "$step")"
+  log "running: EG_IMAGE_SMOKE=1 EG_IMAGE_SMOKE_IMAGE=$image $cargo test --test e2e -- --nocapture image_smoke::"
+  (cd "$root" && EG_IMAGE_SMOKE=1 EG_IMAGE_SMOKE_IMAGE="$image" "$cargo" test --test e2e -- --nocapture image_smoke::)
+  log "cargo test --test e2e image_smoke:: took $(since "$step")"
   log "passed in $(since "$start")"
 }
 

@@ -4,7 +4,7 @@
 #   deploy/monitoring.yaml       ServiceMonitor, PrometheusRule, Grafana dashboard
 # (deploy/kustomization.yaml, written by hand, names the first for kustomize.)
 # The `helm test` hooks are left out (--skip-tests): they belong to Helm.
-# tests/chart.rs fails when these drift from `helm template`.
+# tests/e2e/chart.rs fails when these drift from `helm template`.
 #
 # Usage: hack/render-manifests.sh [OUT_DIR]   (default: deploy/)
 set -euo pipefail

@@ -30,7 +30,7 @@ use crate::desired::slices::{
 };
 use crate::desired::{self, PodInfo};
 use crate::error::{Error, Result, api_code};
-use hardened_watcher::{Cached, LiveRead, ObjectKey, ReadStamp, live};
+use hardened_watcher::{Cached, ObjectKey, ReadStamp, live};
 
 const CONTROLLER: Controller = Controller::Endpointslices;
 
@@ -340,7 +340,15 @@ async fn conflict_or_gone(
 ) -> Error {
     let slice_key = ObjectKey::new(key.namespace.as_str(), name);
     if api_code(&err) == Some(409) {
-        if let Err(read) = refresh(ctx, &slice_key).await {
+        if let Err(read) = sync::refresh_after_conflict::<EndpointSlice, _>(
+            ctx,
+            &ctx.stores.slices,
+            &slice_key,
+            "reading an EndpointSlice after a conflict",
+            CachedSlice::new,
+        )
+        .await
+        {
             return read;
         }
         warn!(%key, slice = name, %verb, "EndpointSlice changed since read; will look again");
@@ -369,24 +377,8 @@ async fn failed(ctx: &Context, key: &ObjectKey, verb: Verb, err: kube::Error) ->
     Error::kube("writing an EndpointSlice", key.to_string(), err)
 }
 
-async fn refresh(ctx: &Context, slice_key: &ObjectKey) -> Result<()> {
-    let stamp = ctx.stores.slices.read_stamp();
-    match live::get::<EndpointSlice>(&ctx.client, &(), slice_key).await {
-        Ok(LiveRead::Found(slice)) => {
-            remember(ctx, slice, &stamp);
-            Ok(())
-        }
-        Ok(LiveRead::Gone) => Ok(()),
-        Err(err) => Err(Error::kube(
-            "reading an EndpointSlice after a conflict",
-            slice_key.to_string(),
-            err,
-        )),
-    }
-}
-
-/// Puts a slice just written or read live into the cache (`stamp` taken
-/// before the request), so the next reconcile plans against it.
+/// Puts a slice just written into the cache (`stamp` taken before the
+/// request), so the next reconcile plans against it.
 fn remember(ctx: &Context, slice: EndpointSlice, stamp: &ReadStamp) {
     match CachedSlice::new(slice) {
         Some(cached) => {

@@ -1,12 +1,14 @@
 //! The reconcile of one Service key: observe the caches, compute the desired
 //! Endpoints, pass deletions through the guard, then write only what changed.
 
+use std::fmt::Debug;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Endpoints, ObjectReference};
 use kube::api::{DeleteParams, PostParams, Preconditions};
 use kube::core::Request;
 use kube::{Api, Resource};
+use serde::de::DeserializeOwned;
 use tracing::{debug, info, warn};
 
 use std::collections::HashSet;
@@ -20,7 +22,7 @@ use crate::desired::{self, PodInfo};
 use crate::error::{Error, Result, api_code};
 use crate::reconcile::kinds::{Kind, ServiceKind};
 use crate::wire::EndpointsWire;
-use hardened_watcher::{Cached, Confirmation, LiveRead, ObjectKey, ReadStamp, live};
+use hardened_watcher::{Cached, Confirmation, LiveRead, ObjectKey, Store, live};
 
 /// A write to the Endpoints API.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -304,35 +306,50 @@ pub(super) fn release_dropped_pods(ctx: &Context, namespace: &str, dropped: Vec<
     }
 }
 
-/// After a conflict, read the Endpoints live so the retry starts from fresh state
-/// even when the watch is behind.
-async fn refresh_endpoints(ctx: &Context, key: &ObjectKey) -> Result<()> {
-    let stamp = ctx.stores.endpoints.read_stamp();
-    match live::get::<Endpoints>(&ctx.client, &(), key).await {
-        Ok(LiveRead::Found(ep)) => {
-            remember(ctx, key, ep, &stamp);
+/// After a conflict, reads object `key` live into `store` (`project` makes its
+/// cached form; the store's read stamp is taken before the request), so the
+/// retry starts from fresh state even when the watch is behind. A read older
+/// than the cache asks for a relist: the store may have been rewound (see
+/// [`hardened_watcher::Store::restore`]). The Endpoints and the EndpointSlice
+/// reconciles both call it; `what` names the read in its error.
+pub(super) async fn refresh_after_conflict<K, C>(
+    ctx: &Context,
+    store: &Store<C>,
+    key: &ObjectKey,
+    what: &'static str,
+    project: fn(K) -> Option<C>,
+) -> Result<()>
+where
+    K: Resource<DynamicType = ()> + DeserializeOwned + Clone + Debug,
+    C: Cached,
+{
+    let stamp = store.read_stamp();
+    match live::get::<K>(&ctx.client, &(), key).await {
+        Ok(LiveRead::Found(object)) => {
+            match project(object) {
+                Some(cached) => {
+                    store.restore(cached, &stamp);
+                }
+                // Cannot happen for a decoded object; the watch brings it in anyway.
+                None => warn!(%key, "{what}: not encodable for the cache; waiting for the watch"),
+            }
             Ok(())
         }
         Ok(LiveRead::Gone) => Ok(()),
-        Err(err) => Err(Error::kube(
-            "reading endpoints after a conflict",
-            key.to_string(),
-            err,
-        )),
+        Err(err) => Err(Error::kube(what, key.to_string(), err)),
     }
 }
 
-/// Puts Endpoints just written or read live into the cache (`stamp` taken
-/// before the request). A read older than the cache asks for a relist: the
-/// store may have been rewound (see [`hardened_watcher::Store::restore`]).
-fn remember(ctx: &Context, key: &ObjectKey, ep: Endpoints, stamp: &ReadStamp) {
-    match CachedEndpoints::new(ep) {
-        Some(cached) => {
-            ctx.stores.endpoints.restore(cached, stamp);
-        }
-        // Cannot happen for a decoded object; the watch brings it in anyway.
-        None => warn!(%key, "Endpoints could not be encoded for the cache; waiting for the watch"),
-    }
+/// [`refresh_after_conflict`] for Endpoints.
+async fn refresh_endpoints(ctx: &Context, key: &ObjectKey) -> Result<()> {
+    refresh_after_conflict::<Endpoints, _>(
+        ctx,
+        &ctx.stores.endpoints,
+        key,
+        "reading endpoints after a conflict",
+        CachedEndpoints::new,
+    )
+    .await
 }
 
 pub(super) fn is_namespace_terminating(err: &kube::Error) -> bool {

@@ -1,0 +1,278 @@
+//! The scenarios of the chaos matrix: each sets up, starts the controller
+//! behind watch-chaos, applies its fault and returns when the fault began and
+//! the state the controller must reach.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use eg_tools::chaos::Expected;
+use serde_json::json;
+
+use super::NS;
+use super::env::Env;
+use super::store_faults::{self, Restore};
+
+/// Sets up, applies the fault; returns when the fault began and the state the
+/// controller must reach.
+pub async fn scenario(name: &str, env: &mut Env) -> Result<(Instant, Expected)> {
+    env.start_controller().await?;
+    match name {
+        // Failure A end to end: DELETE events carry the object's old RV (as
+        // before kubernetes#58547); deleting the oldest Service sends the
+        // client back to its creation RV, and the API server replays history.
+        "failure-a-delete-oldest-service" => {
+            env.service_with_pod("old", "10.1.0.1").await?;
+            let expected = env.churn().await?;
+            env.settle(&expected.clone().service("old", &["10.1.0.1"]))
+                .await?;
+            env.proxy
+                .fault("services", "old-delete-rv", json!({"pace_ms": 400}))
+                .await?;
+            let fault = Instant::now();
+            env.delete_service("old").await?;
+            Ok((fault, expected.absent("old")))
+        }
+        // Failure A on command: an old DELETE of a live, long-lived Service.
+        "failure-a-old-delete-of-live-service" => {
+            env.service_with_pod("long", "10.1.0.1").await?;
+            let expected = env.churn().await?.service("long", &["10.1.0.1"]);
+            env.settle(&expected).await?;
+            let fault = Instant::now();
+            env.proxy
+                .post("/actions/replay-old-delete", json!({"resource": "services", "namespace": NS, "name": "long", "pace_ms": 400}))
+                .await?;
+            Ok((fault, expected))
+        }
+        // Failure B: watches cut while a Service is deleted and etcd is
+        // compacted (watch cache off, so resumes reach etcd and get a real
+        // 410), then DELETEs replaced by ERROR 500 PrevKv=nil.
+        "failure-b-compaction-and-prevkv-nil" => {
+            env.services_settled(&[("a", "10.1.0.1"), ("x", "10.1.9.1"), ("y", "10.1.8.1")])
+                .await?;
+            let fault = Instant::now();
+            env.proxy.fault("*", "refuse", json!({})).await?;
+            env.proxy.post("/actions/cut-streams", json!({})).await?;
+            env.delete_service("x").await?;
+            env.pod("a-1", "a", "10.1.0.2", true).await?;
+            env.cp.compact_etcd().await?;
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            env.proxy.clear_faults().await?;
+            env.proxy.fault("services", "prevkv-nil", json!({})).await?;
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            env.delete_service("y").await?;
+            Ok((
+                fault,
+                Expected::default()
+                    .service("a", &["10.1.0.1", "10.1.0.2"])
+                    .absent("x")
+                    .absent("y"),
+            ))
+        }
+        // Failure A on command for pods: an old DELETE of the live pod a-0
+        // (its old RV), then the pod history replayed from that RV, which
+        // holds no later version of a-0.
+        "failure-a-old-delete-of-live-pod" => {
+            env.service_with_pod("a", "10.1.0.1").await?;
+            env.pod("a-1", "a", "10.1.0.2", true).await?;
+            let expected = Expected::default().service("a", &["10.1.0.1", "10.1.0.2"]);
+            env.settle(&expected).await?;
+            let fault = Instant::now();
+            env.proxy
+                .post(
+                    "/actions/replay-old-delete",
+                    json!({"resource": "pods", "namespace": NS, "name": "a-0", "pace_ms": 400}),
+                )
+                .await?;
+            Ok((fault, expected))
+        }
+        "lost-service-delete" => {
+            env.services_settled(&[("a", "10.1.0.1"), ("x", "10.1.9.1")])
+                .await?;
+            let expected = Expected::default().service("a", &["10.1.0.1"]);
+            env.proxy
+                .fault("services", "drop-deletes", json!({}))
+                .await?;
+            let fault = Instant::now();
+            env.delete_service("x").await?;
+            Ok((fault, expected.absent("x")))
+        }
+        "lost-pod-delete" => {
+            env.service_with_pod("a", "10.1.0.1").await?;
+            env.pod("a-1", "a", "10.1.0.2", true).await?;
+            env.settle(&Expected::default().service("a", &["10.1.0.1", "10.1.0.2"]))
+                .await?;
+            env.proxy.fault("pods", "drop-deletes", json!({})).await?;
+            let fault = Instant::now();
+            env.cp.force_delete_pod(NS, "a-1").await?;
+            Ok((fault, Expected::default().service("a", &["10.1.0.1"])))
+        }
+        // A stale watch cache: after a controller restart, its RV=0 LIST is
+        // answered from a snapshot that predates Service n, and the watch
+        // from that snapshot lags 6 s behind.
+        "stale-rv0-list-on-restart" => {
+            env.service_with_pod("a", "10.1.0.1").await?;
+            env.settle(&Expected::default().service("a", &["10.1.0.1"]))
+                .await?;
+            env.proxy
+                .fault("services", "stale-list", json!({"lag_ms": 6000}))
+                .await?;
+            env.service_with_pod("n", "10.1.3.1").await?;
+            let expected = Expected::default()
+                .service("a", &["10.1.0.1"])
+                .service("n", &["10.1.3.1"]);
+            env.settle(&expected).await?;
+            let fault = Instant::now();
+            env.stop_controller().await;
+            env.start_controller().await?;
+            Ok((fault, expected))
+        }
+        // Service events held back and sent after the next one: a selector
+        // change and its revert arrive in the wrong order.
+        "reordered-service-updates" => {
+            env.service_with_pod("a", "10.1.0.1").await?;
+            let expected = Expected::default().service("a", &["10.1.0.1"]);
+            env.settle(&expected).await?;
+            env.proxy
+                .fault("services", "reorder", json!({"hold_ms": 2000}))
+                .await?;
+            let fault = Instant::now();
+            env.set_selector("a", "nothing").await?;
+            env.set_selector("a", "a").await?;
+            Ok((fault, expected))
+        }
+        // Watch streams cut mid-event, again and again, while things change.
+        "cut-streams-mid-event" => {
+            env.services_settled(&[("a", "10.1.0.1"), ("x", "10.1.9.1")])
+                .await?;
+            env.proxy
+                .fault("*", "cut-mid-event", json!({"after": 1}))
+                .await?;
+            let fault = Instant::now();
+            env.pod("a-1", "a", "10.1.0.2", true).await?;
+            env.proxy.post("/actions/cut-streams", json!({})).await?;
+            env.delete_service("x").await?;
+            env.cp.force_delete_pod(NS, "a-0").await?;
+            env.proxy.post("/actions/cut-streams", json!({})).await?;
+            env.pod("a-2", "a", "10.1.0.3", true).await?;
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            env.proxy.clear_faults().await?;
+            Ok((
+                fault,
+                Expected::default()
+                    .service("a", &["10.1.0.2", "10.1.0.3"])
+                    .absent("x"),
+            ))
+        }
+        "apiserver-restart" => {
+            env.services_settled(&[("a", "10.1.0.1"), ("x", "10.1.9.1")])
+                .await?;
+            let fault = Instant::now();
+            env.delete_service("x").await?;
+            env.pod("a-1", "a", "10.1.0.2", true).await?;
+            env.cp.restart_apiserver().await?;
+            env.pod("a-2", "a", "10.1.0.3", true).await?;
+            Ok((
+                fault,
+                Expected::default()
+                    .service("a", &["10.1.0.1", "10.1.0.2", "10.1.0.3"])
+                    .absent("x"),
+            ))
+        }
+        "etcd-restore-plain" => store_faults::etcd_restore(env, Restore::Plain).await,
+        "etcd-restore-bump-revision" => store_faults::etcd_restore(env, Restore::Bumped).await,
+        "watch-cache-lost-pod-delete" => store_faults::watch_cache_lost_pod_delete(env).await,
+        // Longer than upstream's retry budget (15 retries from 5 ms: ~164 s).
+        "endpoints-writes-denied-past-retries" => {
+            store_faults::writes_denied_longer_than_retries(env, Duration::from_secs(170)).await
+        }
+        "bare-404-on-get" => store_faults::bare_404_on_get(env).await,
+        other => anyhow::bail!("no scenario {other}"),
+    }
+}
+
+/// How a scenario hurts upstream when it does, and why it may not.
+pub fn note(name: &str) -> (&'static str, &'static str) {
+    match name {
+        "slices/lost-pod-delete" => (
+            "the deleted pod stays an endpoint in the slices: upstream never re-reads the API",
+            "the delete reached the controller another way",
+        ),
+        "slices/reordered-service-updates" => (
+            "the older selector (matching no pod) arrives last; upstream empties the slices of a Service with a ready pod",
+            "the two updates were not swapped",
+        ),
+        "slices/failure-a-delete-oldest-service" => (
+            "the replayed history of b reaches the slices of the live b",
+            "upstream's slice controller deletes no slice when a Service leaves its cache (the garbage collector does, after a live read of the owner), and the replayed ADDED of b's earlier incarnation is followed by its DELETE and the live b",
+        ),
+        "slices/failure-a-old-delete-of-live-pod" => (
+            "the live pod's endpoint leaves the slice on the old DELETE; the replay never brings the pod back, so it stays out",
+            "the old DELETE did not reach the controller",
+        ),
+        "slices/failure-b-compaction-and-prevkv-nil" => (
+            "a delete was lost across the compaction",
+            "client-go relists on 410 and on the 500 with a consistent LIST, and learns both deletes",
+        ),
+        "slices/apiserver-restart" => (
+            "an event was lost across the restart",
+            "both resume (or relist) after the restart; the time is mostly the restart itself",
+        ),
+        "failure-a-delete-oldest-service" => (
+            "the replayed DELETE of an earlier incarnation of b deletes the Endpoints of the live b; re-created on the replayed ADDED",
+            "the API server no longer held the history to replay",
+        ),
+        "failure-a-old-delete-of-live-service" => (
+            "Endpoints of the live Service deleted; the replay never re-adds it, so they stay gone",
+            "the old DELETE did not reach the controller",
+        ),
+        "failure-b-compaction-and-prevkv-nil" => (
+            "a delete was lost across the compaction",
+            "client-go relists on 410 and on the 500 with a consistent LIST, and learns both deletes",
+        ),
+        "lost-service-delete" => (
+            "Endpoints of the deleted Service stay: upstream never re-reads the API",
+            "the delete reached the controller another way",
+        ),
+        "lost-pod-delete" => (
+            "the deleted pod's IP stays in the Endpoints: upstream never re-reads the API",
+            "the delete reached the controller another way",
+        ),
+        "stale-rv0-list-on-restart" => (
+            "the RV=0 relist (WatchListClient=false) lacks Service n; upstream deletes its Endpoints, re-creates them when the lagging watch catches up",
+            "kube-controller-manager made no RV=0 LIST (see stats)",
+        ),
+        "reordered-service-updates" => (
+            "the older selector (matching no pod) arrives last; upstream empties the Endpoints of a Service with a ready pod",
+            "the two updates were not swapped",
+        ),
+        "cut-streams-mid-event" => (
+            "an event was lost at a cut",
+            "both resume from the last RV and lose nothing",
+        ),
+        "apiserver-restart" => (
+            "an event was lost across the restart",
+            "both resume (or relist) after the restart; the time is mostly the restart itself",
+        ),
+        "etcd-restore-plain" => (
+            "its watches resume from resourceVersions the restored store has not reached: the API server accepts them and sends nothing, so the restored state and the new pod never arrive (kubernetes#107457)",
+            "it relisted after the restore",
+        ),
+        "etcd-restore-bump-revision" => (
+            "it relists after the 410, but its own staleness check then refuses the restored Endpoints (\"endpoints informer cache is out of date, resource version 199 already processed\": restored objects keep their old RVs), retries and drops the Service; the new pod never reaches the Endpoints",
+            "the bumped, compacted revision answers every watch with 410; client-go relists and takes the restored state",
+        ),
+        "watch-cache-lost-pod-delete" => (
+            "the deleted pod stays in kube-apiserver's watch cache, so in every watch and LIST; its IP stays in the Endpoints",
+            "the DELETE reached the controller another way",
+        ),
+        "endpoints-writes-denied-past-retries" => (
+            "its key ran out of retries while writes were denied and nothing brings it back until the Service or its pods change again",
+            "its retries outlasted the denial",
+        ),
+        "bare-404-on-get" => (
+            "failure A: it deletes the Endpoints of the live Service on the replayed DELETE (it never reads the Service, so the 404 plays no part)",
+            "the replayed DELETE did not reach it",
+        ),
+        _ => ("", ""),
+    }
+}

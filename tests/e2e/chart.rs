@@ -1,0 +1,331 @@
+//! The chart, deploy/ and the kind e2e script: lint, drift, flags, rendering,
+//! shellcheck, and `helm install` on a real control plane, then endpoints-guard
+//! with the chart's ServiceAccount token: it reconciles and is denied the rest.
+
+mod install;
+mod package;
+mod rbac;
+mod render;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use crate::common::eventually;
+use anyhow::{Context, Result};
+use clap::CommandFactory;
+use eg_harness::process::{Process, free_ports};
+use eg_harness::{ControlPlane, ControlPlaneOptions, PodBuilder, PodStatusSpec, ServiceBuilder};
+use endpoints_guard::config::Config;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Endpoints, Node, Secret, Service, ServiceAccount};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Api;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use render::{
+    container, documents, find, find_all, helm, root, run, stdout, strings, template, template_with,
+};
+use serde_yaml::Value;
+
+const CHART: &str = "charts/endpoints-guard";
+const RELEASE: &str = "endpoints-guard";
+const NAMESPACE: &str = "endpoints-guard";
+
+#[test]
+fn helm_lint_passes_with_and_without_the_optional_parts() -> Result<()> {
+    run(Command::new(helm()).args(["lint", "--strict", CHART]))?;
+    run(Command::new(helm()).args([
+        "lint",
+        "--strict",
+        CHART,
+        "--set",
+        "serviceMonitor.enabled=true,prometheusRule.enabled=true,grafanaDashboard.enabled=true,chaos.enabled=true,createNamespace=true",
+    ]))?;
+    Ok(())
+}
+
+#[test]
+fn deploy_manifests_match_helm_template() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    run(Command::new("bash")
+        .arg("hack/render-manifests.sh")
+        .arg(dir.path()))?;
+    for file in ["endpoints-guard.yaml", "monitoring.yaml"] {
+        let want = std::fs::read_to_string(dir.path().join(file))?;
+        let have = std::fs::read_to_string(root().join("deploy").join(file))
+            .with_context(|| format!("reading deploy/{file}"))?;
+        assert!(
+            want == have,
+            "deploy/{file} drifted from `helm template`: run `make deploy-manifests` and commit the result"
+        );
+    }
+    // And the script renders what plain `helm template` renders, less the
+    // `helm test` hooks.
+    let plain = template_with(&["--skip-tests"], &["createNamespace=true"])?;
+    assert!(
+        !plain.contains("helm.sh/hook"),
+        "a hook in deploy/endpoints-guard.yaml"
+    );
+    let file = std::fs::read_to_string(root().join("deploy/endpoints-guard.yaml"))?;
+    let body: String = file
+        .lines()
+        .skip_while(|l| l.starts_with('#'))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_eq!(body, plain);
+    Ok(())
+}
+
+#[test]
+fn every_flag_is_reachable_from_values() -> Result<()> {
+    let rendered = template(&[
+        "watchNamespace=team-a",
+        "extraArgs={--context=ctx,--kubeconfig=/k}",
+        "metrics.tls.secretName=eg-tls",
+    ])?;
+    let docs = documents(&rendered)?;
+    let args = strings(&container(find(&docs, "Deployment")?, "endpoints-guard")?["args"]);
+    // --kubeconfig and --context (only useful outside a cluster) come from extraArgs.
+    for arg in Config::command().get_arguments() {
+        let Some(long) = arg.get_long().filter(|l| !["help", "version"].contains(l)) else {
+            continue;
+        };
+        let flag = format!("--{long}");
+        let set = args
+            .iter()
+            .any(|a| a == &flag || a.starts_with(&format!("{flag}=")));
+        assert!(
+            set,
+            "{flag} is not set by templates/deployment.yaml: {args:?}"
+        );
+    }
+    // The Deployment's args parse as a command line.
+    let mut argv = vec!["endpoints-guard".to_string()];
+    argv.extend(args);
+    <Config as clap::Parser>::try_parse_from(&argv)?;
+    Ok(())
+}
+
+#[test]
+fn rendered_objects_are_hardened_and_least_privilege() -> Result<()> {
+    let docs = documents(&template(&[])?)?;
+    let deployment = find(&docs, "Deployment")?;
+    assert_eq!(deployment["spec"]["replicas"].as_i64(), Some(2));
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(pod["securityContext"]["runAsNonRoot"].as_bool(), Some(true));
+    let main = container(deployment, "endpoints-guard")?;
+    let hardened: Value = serde_yaml::from_str(
+        "{runAsNonRoot: true, readOnlyRootFilesystem: true, allowPrivilegeEscalation: false, \
+         privileged: false, capabilities: {drop: [ALL]}, seccompProfile: {type: RuntimeDefault}}",
+    )?;
+    assert_eq!(main["securityContext"], hardened);
+    for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+        assert_eq!(main[probe]["httpGet"]["path"].as_str(), Some(path));
+    }
+    assert!(main["resources"]["requests"]["cpu"].is_string());
+    let args = strings(&main["args"]);
+    assert!(args.contains(&"--leader-elect".to_string()), "{args:?}");
+    assert!(
+        args.contains(&"--mode=audit".to_string()),
+        "audit is the default: {args:?}"
+    );
+    assert!(
+        container(deployment, "watch-chaos").is_err(),
+        "the chaos sidecar must be off by default"
+    );
+
+    let rules = &find(&docs, "ClusterRole")?["rules"];
+    let mut granted = Vec::new();
+    for rule in rules.as_sequence().into_iter().flatten() {
+        for group in strings(&rule["apiGroups"]) {
+            for resource in strings(&rule["resources"]) {
+                let mut verbs = strings(&rule["verbs"]);
+                verbs.sort();
+                granted.push(format!("{group}/{resource}: {}", verbs.join(",")));
+            }
+        }
+    }
+    granted.sort();
+    assert_eq!(
+        granted,
+        [
+            "/endpoints/restricted: create",
+            "/endpoints: create,delete,get,list,update,watch",
+            "/events: create,patch,update",
+            "/nodes: get,list,watch",
+            "/pods: get,list,watch",
+            "/services/finalizers: update",
+            "/services: get,list,watch",
+            "discovery.k8s.io/endpointslices: create,delete,get,list,update,watch",
+            "events.k8s.io/events: create,patch,update",
+        ]
+    );
+    let role = find(&docs, "Role")?;
+    assert_eq!(role["metadata"]["namespace"].as_str(), Some(NAMESPACE));
+    assert_eq!(strings(&role["rules"][0]["resources"]), ["leases"]);
+    Ok(())
+}
+
+#[test]
+fn values_are_checked() -> Result<()> {
+    // Bad enum, no replicas, two writers without leader election.
+    for bad in [
+        "mode=yolo",
+        "replicaCount=0",
+        "leaderElection.enabled=false",
+    ] {
+        assert!(template(&[bad]).is_err(), "{bad} accepted");
+    }
+    template(&["leaderElection.enabled=false", "replicaCount=1"])?;
+    // The controllers list picks the flags and the RBAC rules.
+    assert!(template(&["controllers={endpoints,yolo}"]).is_err());
+    let endpoints_only = documents(&template(&["controllers={endpoints}"])?)?;
+    let args =
+        strings(&container(find(&endpoints_only, "Deployment")?, "endpoints-guard")?["args"]);
+    assert!(
+        args.contains(&"--controllers=endpoints".to_string()),
+        "{args:?}"
+    );
+    let rules = serde_yaml::to_string(&find(&endpoints_only, "ClusterRole")?["rules"])?;
+    assert!(
+        !rules.contains("endpointslices") && !rules.contains("nodes"),
+        "{rules}"
+    );
+    let monitoring = documents(&template(&[
+        "serviceMonitor.enabled=true",
+        "prometheusRule.enabled=true",
+        "grafanaDashboard.enabled=true",
+    ])?)?;
+    let rule = find(&monitoring, "PrometheusRule")?;
+    let alerts: Vec<String> = rule["spec"]["groups"][0]["rules"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["alert"].as_str().map(str::to_string))
+        .collect();
+    for want in [
+        "EndpointsGuardSpuriousDeletionsPrevented",
+        "EndpointsGuardObservedSpuriousDeletions",
+        "EndpointsGuardResyncDrift",
+        "EndpointsGuardResyncStale",
+        "EndpointsGuardNotReady",
+    ] {
+        assert!(
+            alerts.iter().any(|a| a == want),
+            "missing alert {want}: {alerts:?}"
+        );
+    }
+    let dashboard = find(&monitoring, "ConfigMap")?;
+    let json = dashboard["data"]["endpoints-guard.json"]
+        .as_str()
+        .context("no dashboard JSON")?;
+    let parsed: serde_json::Value = serde_json::from_str(json)?;
+    assert!(parsed["panels"].as_array().is_some_and(|p| !p.is_empty()));
+    find(&monitoring, "ServiceMonitor")?;
+    Ok(())
+}
+
+#[test]
+fn kind_config_disables_the_upstream_endpoints_controller() -> Result<()> {
+    let text = stdout(Command::new("bash").args(["hack/e2e-kind.sh", "kind-config"]))?;
+    let config: Value = serde_yaml::from_str(&text)?;
+    assert_eq!(config["kind"].as_str(), Some("Cluster"));
+    assert_eq!(
+        config["apiVersion"].as_str(),
+        Some("kind.x-k8s.io/v1alpha4")
+    );
+    let patches = strings(&config["kubeadmConfigPatches"]);
+    let patch: Value = serde_yaml::from_str(patches.first().context("no kubeadmConfigPatches")?)?;
+    assert_eq!(patch["kind"].as_str(), Some("ClusterConfiguration"));
+    assert_eq!(
+        patch["controllerManager"]["extraArgs"]["controllers"].as_str(),
+        Some("*,-endpoints-controller,-endpointslice-controller")
+    );
+    let roles: Vec<&str> = config["nodes"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .filter_map(|n| n["role"].as_str())
+        .collect();
+    assert_eq!(roles, ["control-plane", "worker", "worker"]);
+    Ok(())
+}
+
+#[test]
+fn kind_e2e_installs_the_watch_chaos_sidecar() -> Result<()> {
+    let rendered = stdout(
+        Command::new("bash")
+            .args(["hack/e2e-kind.sh", "helm-template"])
+            .env(
+                "EG_CHAOS_FAULTS",
+                "services:old-delete-rv pods:drop-deletes",
+            )
+            .env("IMAGE", "endpoints-guard:e2e-test"),
+    )?;
+    let docs = documents(&rendered)?;
+    let deployment = find(&docs, "Deployment")?;
+    let chaos = container(deployment, "watch-chaos")?;
+    assert_eq!(chaos["image"].as_str(), Some("endpoints-guard:e2e-test"));
+    assert_eq!(strings(&chaos["command"]), ["/usr/local/bin/watch-chaos"]);
+    let chaos_args = strings(&chaos["args"]);
+    for want in [
+        "--fault=services:old-delete-rv",
+        "--fault=pods:drop-deletes",
+        "--listen=127.0.0.1:8001",
+    ] {
+        assert!(
+            chaos_args.iter().any(|a| a == want),
+            "{want} missing: {chaos_args:?}"
+        );
+    }
+    let main = container(deployment, "endpoints-guard")?;
+    let args = strings(&main["args"]);
+    assert!(args.contains(&"--mode=enforce".to_string()), "{args:?}");
+    // The arguments parse; extraArgs (hack/kind-values.yaml) override what
+    // the chart sets.
+    let mut argv = vec!["endpoints-guard".to_string()];
+    argv.extend(args.iter().cloned());
+    let cfg = <Config as clap::Parser>::try_parse_from(&argv)?;
+    assert_eq!(
+        cfg.managed_by,
+        endpoints_guard::desired::ManagedBy::Own,
+        "{args:?}"
+    );
+    assert!(
+        args.contains(&"--kubeconfig=/etc/endpoints-guard/chaos/client.kubeconfig".to_string()),
+        "endpoints-guard must talk to the proxy: {args:?}"
+    );
+    assert_eq!(main["imagePullPolicy"].as_str(), Some("Never"));
+    let configmap = find(&docs, "ConfigMap")?;
+    let client: Value = serde_yaml::from_str(
+        configmap["data"]["client.kubeconfig"]
+            .as_str()
+            .context("no client.kubeconfig")?,
+    )?;
+    assert_eq!(
+        client["clusters"][0]["cluster"]["server"].as_str(),
+        Some("http://127.0.0.1:8001")
+    );
+    Ok(())
+}
+
+#[test]
+fn hack_scripts_are_shellcheck_clean() -> Result<()> {
+    if Command::new("shellcheck")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("shellcheck not installed: skipped (`make lint-shell` installs it and runs it)");
+        return Ok(());
+    }
+    let scripts: Vec<PathBuf> = std::fs::read_dir(root().join("hack"))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "sh"))
+        .collect();
+    run(Command::new("shellcheck").args(&scripts))?;
+    Ok(())
+}

@@ -1,0 +1,28 @@
+//! endpoints-guard's integration tests, one test binary (`cargo test --test
+//! e2e`) with a module per area, so a change links one binary instead of one
+//! per file. Most modules start their own local control plane
+//! ([`eg_harness`]); run one area with its module path as the filter, e.g.
+//! `cargo test --test e2e chaos::` (docs/testing.md lists them).
+//!
+//! All tests share the process: what one module sets process-wide (the
+//! tracing subscriber of [`common::Guard`], files under `target/`) must suit
+//! the others too.
+
+mod common;
+
+mod alerts;
+mod bench_smoke;
+mod chaos;
+mod chart;
+mod cli;
+mod endpoints_parity;
+mod guard;
+mod harness;
+mod image_smoke;
+mod leader;
+mod parity_rows;
+mod prometheus;
+mod real_node;
+mod slice_parity;
+mod soak;
+mod store;

@@ -1,0 +1,222 @@
+//! The controllers under test, each with its own ServiceAccount (bound to
+//! cluster-admin) so the audit log tells their requests apart: endpoints-guard,
+//! kube-controller-manager with its default client limits (QPS 20, burst 30)
+//! and kube-controller-manager again with raised limits, so that its cold sync
+//! shows the controller rather than its client's rate limiter.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+use kube::Api;
+use kube::api::PostParams;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::{Kind, procstat};
+use eg_harness::ControlPlane;
+use eg_harness::loopback;
+use eg_harness::process::{Process, free_port};
+
+/// Which controller a run measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Controller {
+    #[serde(rename = "endpoints-guard")]
+    Guard,
+    #[serde(rename = "kube-controller-manager")]
+    Upstream,
+    /// kube-controller-manager with `--kube-api-qps` / `--kube-api-burst`
+    /// raised (`BenchOptions::fast_upstream_qps`).
+    #[serde(rename = "kube-controller-manager-fast")]
+    UpstreamFast,
+}
+
+impl Controller {
+    /// Every controller, in the order a run measures them.
+    pub const ALL: [Controller; 3] = [
+        Controller::Guard,
+        Controller::Upstream,
+        Controller::UpstreamFast,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Controller::Guard => "endpoints-guard",
+            Controller::Upstream => "kube-controller-manager",
+            Controller::UpstreamFast => "kube-controller-manager-fast",
+        }
+    }
+
+    /// `name()` back to the controller (`--only`).
+    pub fn named(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|c| c.name() == name)
+    }
+
+    /// Whether it is kube-controller-manager (either client limit).
+    pub fn is_upstream(self) -> bool {
+        self != Controller::Guard
+    }
+
+    fn account(self) -> &'static str {
+        match self {
+            Controller::Guard => "eg-bench-guard",
+            Controller::Upstream => "eg-bench-kcm",
+            Controller::UpstreamFast => "eg-bench-kcm-fast",
+        }
+    }
+
+    /// The user name its requests carry in the audit log.
+    pub fn user(self) -> String {
+        format!("system:serviceaccount:kube-system:{}", self.account())
+    }
+}
+
+/// Creates the controller's ServiceAccount, binds it to cluster-admin and
+/// writes a kubeconfig with a token for it.
+pub async fn credentials(cp: &ControlPlane, controller: Controller) -> Result<PathBuf> {
+    let name = controller.account();
+    let pp = PostParams::default();
+    let accounts: Api<ServiceAccount> = Api::namespaced(cp.client(), "kube-system");
+    let account: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+    accounts
+        .create(&pp, &account)
+        .await
+        .with_context(|| format!("creating ServiceAccount {name}"))?;
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": "kube-system"}],
+    }))?;
+    Api::<ClusterRoleBinding>::all(cp.client())
+        .create(&pp, &binding)
+        .await
+        .with_context(|| format!("binding {name} to cluster-admin"))?;
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            expiration_seconds: Some(48 * 3600),
+            ..TokenRequestSpec::default()
+        }),
+        ..TokenRequest::default()
+    };
+    let token = accounts
+        .create_token_request(name, &pp, &request)
+        .await
+        .with_context(|| format!("requesting a token for {name}"))?
+        .status
+        .and_then(|s| s.token)
+        .context("the token request returned no token")?;
+    cp.kubeconfig_for_token(name, &token)
+}
+
+/// A running controller process.
+pub struct Running {
+    pub process: Process,
+    /// endpoints-guard's metrics port (none for kube-controller-manager).
+    pub metrics_port: Option<u16>,
+}
+
+impl Running {
+    pub fn pid(&self) -> Result<u32> {
+        self.process.pid().context("the controller is not running")
+    }
+
+    pub fn cpu_seconds(&self) -> Result<f64> {
+        procstat::cpu_seconds(self.pid()?)
+    }
+
+    pub fn peak_rss_mb(&self) -> Result<f64> {
+        procstat::peak_rss_mb(self.pid()?)
+    }
+
+    /// Scrapes endpoints-guard's /metrics.
+    pub async fn metrics(&self) -> Result<String> {
+        let port = self.metrics_port.context("no metrics server")?;
+        loopback::get(port, "/metrics").await
+    }
+
+    /// Waits until endpoints-guard answers /readyz (caches synced).
+    pub async fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
+        let Some(port) = self.metrics_port else {
+            return Ok(());
+        };
+        self.process
+            .wait_until(timeout, Duration::from_millis(100), || async move {
+                loopback::get(port, "/readyz").await.map(drop)
+            })
+            .await
+    }
+}
+
+/// Starts endpoints-guard with 5 workers, page size 500 and `extra_args`
+/// (e.g. `--resync-interval=5m`).
+pub fn start_guard(
+    cp: &ControlPlane,
+    binary: &Path,
+    kubeconfig: &Path,
+    extra_args: &[String],
+    log_name: &str,
+) -> Result<Running> {
+    let port = free_port()?;
+    let mut args: Vec<String> = [
+        "--kubeconfig",
+        &kubeconfig.display().to_string(),
+        "--metrics-addr",
+        &format!("127.0.0.1:{port}"),
+        "--workers",
+        "5",
+        "--list-page-size",
+        "500",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(extra_args.iter().cloned());
+    let process = Process::spawn(
+        "endpoints-guard",
+        binary,
+        &args,
+        &cp.log_dir().join(format!("{log_name}.log")),
+    )?;
+    Ok(Running {
+        process,
+        metrics_port: Some(port),
+    })
+}
+
+/// Starts kube-controller-manager with only its controller of `kind`
+/// (`endpoints-controller` or `endpointslice-controller`), with upstream's
+/// defaults (5 workers, client QPS 20 / burst 30) unless `extra_args` says
+/// otherwise.
+pub fn start_upstream(
+    cp: &ControlPlane,
+    kubeconfig: &Path,
+    kind: Kind,
+    extra_args: &[String],
+    log_name: &str,
+) -> Result<Running> {
+    let (controller, workers_flag) = kind.upstream_controller();
+    let mut args = vec![
+        format!("--kubeconfig={}", kubeconfig.display()),
+        format!("--controllers={controller}"),
+        "--leader-elect=false".to_string(),
+        "--secure-port=0".to_string(),
+        "--bind-address=127.0.0.1".to_string(),
+        "--use-service-account-credentials=false".to_string(),
+        format!("{workers_flag}=5"),
+        "--v=1".to_string(),
+    ];
+    args.extend(extra_args.iter().cloned());
+    let process = Process::spawn(
+        "kube-controller-manager",
+        &cp.binaries().kube_controller_manager,
+        &args,
+        &cp.log_dir().join(format!("{log_name}.log")),
+    )?;
+    Ok(Running {
+        process,
+        metrics_port: None,
+    })
+}

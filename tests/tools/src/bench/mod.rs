@@ -1,0 +1,597 @@
+//! `make bench`: endpoints-guard side by side with kube-controller-manager on
+//! the local control plane, each alone in turn on the same objects, for one
+//! [`Kind`] or both, and kube-controller-manager a second time with its client
+//! limits raised (`--kube-api-qps` / `--kube-api-burst`, [`Controller::UpstreamFast`]):
+//! Endpoints (endpoints-guard `--controllers=endpoints`
+//! against `endpoints-controller`) or EndpointSlices (`--controllers=endpointslices`
+//! against `endpointslice-controller`).
+//!
+//! One control plane per size; the workload (Nodes, Services, pods) is
+//! created once (setup, timed on its own). Then, per kind and controller:
+//! **cold sync** (start it with everything present; done when the
+//! independent watch of the kind sees every Service's objects list exactly
+//! its pods, ready, with their IPs, and for slices their Nodes and zones),
+//! **churn** (flip the readiness of `rate` pods a second for `churn`; latency
+//! from just before each status write to the watch event showing the pod's
+//! endpoint changed readiness), **steady** (nothing changes for `steady`),
+//! and for endpoints-guard **resync** (a fresh process with a short
+//! `--resync-interval`; the first resync's duration from its metrics, its
+//! requests from the audit log). Between controllers the flipped pods are
+//! made Ready again and every Endpoints object and EndpointSlice is deleted.
+//! CPU and peak RSS come from /proc, requests from the audit log (see
+//! [`audit`]). For endpoints-guard, churn is also measured inside the
+//! process, from its event-to-write histograms ([`inproc`]).
+
+mod audit;
+mod controllers;
+pub mod inproc;
+mod kind;
+mod observe;
+pub mod procstat;
+pub mod report;
+mod workload;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{Context as _, Result};
+use futures::{StreamExt, stream};
+use kube::Client;
+use serde::{Deserialize, Serialize};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+
+pub use controllers::Controller;
+pub use kind::Kind;
+pub use report::RunResult;
+pub use workload::BenchSize;
+
+use eg_harness::{ControlPlane, ControlPlaneOptions};
+use observe::Observer;
+use workload::{BenchWorkload, set_ready};
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct BenchOptions {
+    pub size: BenchSize,
+    /// Pods flipped per second during churn.
+    pub churn_rate: u32,
+    pub churn: Duration,
+    pub steady: Duration,
+    /// endpoints-guard's `--resync-interval` in the resync phase.
+    pub resync_interval: Duration,
+    /// endpoints-guard's `--ghost-scan-qps` (its default): the reads it makes
+    /// in every phase, reported on their own in steady.
+    pub ghost_scan_qps: f64,
+    /// Where report.json, report.md and the CDF plot go.
+    pub out_dir: PathBuf,
+    /// The endpoints-guard binary.
+    pub guard_binary: PathBuf,
+    pub controllers: Vec<Controller>,
+    /// The kinds measured, in turn, on the same control plane and workload.
+    pub kinds: Vec<Kind>,
+    /// Extra kube-controller-manager flags (e.g. `--kube-api-qps=100`), for
+    /// both of its runs.
+    pub upstream_args: Vec<String>,
+    /// `--kube-api-qps` and `--kube-api-burst` of [`Controller::UpstreamFast`]
+    /// (its default client limits are QPS 20, burst 30).
+    pub fast_upstream_qps: u32,
+    /// Requests in flight while creating the workload.
+    pub setup_parallelism: usize,
+    /// How long cold sync may take before the run fails.
+    pub cold_sync_timeout: Duration,
+    /// Rounds of every controller on one control plane and workload (the
+    /// spread between runs without paying the setup again). With more than
+    /// one, round `i`'s reports go to `out_dir/run-<i>/`.
+    pub repeat: usize,
+}
+
+impl BenchOptions {
+    pub fn new(size: BenchSize, guard_binary: PathBuf, out_dir: PathBuf) -> Self {
+        Self {
+            size,
+            churn_rate: 10,
+            churn: Duration::from_secs(60),
+            steady: Duration::from_secs(60),
+            resync_interval: Duration::from_secs(10),
+            ghost_scan_qps: 20.0,
+            out_dir,
+            guard_binary,
+            controllers: Controller::ALL.to_vec(),
+            kinds: vec![Kind::Endpoints],
+            upstream_args: Vec::new(),
+            fast_upstream_qps: 1000,
+            setup_parallelism: 32,
+            cold_sync_timeout: Duration::from_secs(1800),
+            repeat: 1,
+        }
+    }
+}
+
+/// One phase of one run.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Phase {
+    pub wall_s: f64,
+    pub cpu_s: f64,
+    /// Watch events (ADDED, MODIFIED, DELETED) of the measured kind in the phase.
+    pub writes: u64,
+    pub requests: BTreeMap<String, u64>,
+    pub requests_by_resource: BTreeMap<String, u64>,
+}
+
+/// The cost of one full resync diff (endpoints-guard only).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Resync {
+    /// `endpoints_guard_resync_duration_seconds` of the first resync.
+    pub duration_s: f64,
+    pub cpu_s: f64,
+    pub requests: BTreeMap<String, u64>,
+    pub requests_by_resource: BTreeMap<String, u64>,
+    /// VmHWM of the process that ran it (it also did a cold start).
+    pub peak_rss_mb: f64,
+}
+
+/// Fields drop in order: the observer's watch stops before the control plane.
+struct Bench {
+    /// The watch of the kind being measured.
+    observer: Option<Arc<Observer>>,
+    kind: Kind,
+    cp: ControlPlane,
+    client: Client,
+    opts: BenchOptions,
+    workload: BenchWorkload,
+    audit_log: PathBuf,
+    kubeconfigs: BTreeMap<&'static str, PathBuf>,
+    setup_s: f64,
+    _dir: tempfile::TempDir,
+}
+
+fn log(text: &str) {
+    eprintln!("eg-bench: {text}");
+}
+
+/// Runs the bench and, per kind, writes its report (`report.json`,
+/// `report.md` for Endpoints; `report-endpointslices.json`, `.md` for
+/// slices; merged with runs of other sizes already there) and latency CDF
+/// plot into `out_dir`. Returns the runs of every kind.
+pub async fn run(opts: BenchOptions) -> Result<Vec<RunResult>> {
+    let mut bench = Bench::setup(opts).await?;
+    let mut all_runs = Vec::new();
+    let mut measured = false;
+    let repeat = bench.opts.repeat.max(1);
+    for kind in bench.opts.kinds.clone() {
+        for round in 1..=repeat {
+            let out_dir = if repeat > 1 {
+                log(&format!("round {round} of {repeat}"));
+                bench.opts.out_dir.join(format!("run-{round}"))
+            } else {
+                bench.opts.out_dir.clone()
+            };
+            let mut runs = Vec::new();
+            let mut latencies = Vec::new();
+            for &controller in &bench.opts.controllers.clone() {
+                if measured {
+                    bench.reset().await?;
+                }
+                if bench.observer.is_none() || bench.kind != kind {
+                    bench.watch(kind).await?;
+                }
+                measured = true;
+                let (run, lat) = bench.measure(controller).await?;
+                runs.push(run);
+                latencies.push((controller, lat));
+                // After every run, so a long run stopped part way keeps what it measured.
+                report::write_all(&out_dir, kind, &bench.opts.size.name, &runs, &latencies)?;
+            }
+            all_runs.extend(runs);
+        }
+    }
+    Ok(all_runs)
+}
+
+impl Bench {
+    /// Replaces the observer with a watch of `kind`'s objects (none left).
+    async fn watch(&mut self, kind: Kind) -> Result<()> {
+        self.observer = None;
+        self.kind = kind;
+        let observer = Observer::start(self.client.clone(), &self.workload, kind).await?;
+        observer
+            .wait_for(
+                &format!("no {} left", kind.objects()),
+                Duration::from_secs(120),
+                |o| o.existing() == 0,
+            )
+            .await?;
+        self.observer = Some(Arc::new(observer));
+        Ok(())
+    }
+
+    fn obs(&self) -> &Arc<Observer> {
+        self.observer
+            .as_ref()
+            .expect("the observer starts before any measurement")
+    }
+
+    /// One controller's phases on the current kind, logged.
+    async fn measure(&self, controller: Controller) -> Result<(RunResult, Vec<f64>)> {
+        let (run, lat) = self.measure_phases(controller).await?;
+        log(&format!(
+            "{} {}: cold sync {:.2} s, churn p50/p90/p99 {:.1}/{:.1}/{:.1} ms, cpu {:.2} s, peak RSS {:.1} MiB, writes {} / changes {}",
+            self.kind.objects(),
+            controller.name(),
+            run.cold_sync_s,
+            run.churn_p50_ms,
+            run.churn_p90_ms,
+            run.churn_p99_ms,
+            run.cpu_s,
+            run.peak_rss_mb,
+            run.writes,
+            run.changes
+        ));
+        if let Some(p) = &run.in_process {
+            log(&format!(
+                "{} {}: in the process, event → write sent p50/p99/p99.9 {:.3}/{:.3}/{:.3} ms (slowest ≤ {:.3} ms), → answered p50/p99/p99.9 {:.3}/{:.3}/{:.3} ms, {} writes",
+                self.kind.objects(),
+                controller.name(),
+                p.sent_p50_ms,
+                p.sent_p99_ms,
+                p.sent_p999_ms,
+                p.sent_max_ms,
+                p.answered_p50_ms,
+                p.answered_p99_ms,
+                p.answered_p999_ms,
+                p.samples
+            ));
+        }
+        Ok((run, lat))
+    }
+
+    async fn setup(opts: BenchOptions) -> Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("eg-bench-")
+            .tempdir()
+            .context("creating the bench's temporary folder")?;
+        let users: Vec<String> = Controller::ALL.iter().map(|c| c.user()).collect();
+        let policy = dir.path().join("audit-policy.yaml");
+        std::fs::write(&policy, audit::policy(&users)).context("writing the audit policy")?;
+        let audit_log = dir.path().join("audit.log");
+        let mut cp_opts = ControlPlaneOptions::default()
+            .apiserver_arg("--max-requests-inflight=1000")
+            .apiserver_arg("--max-mutating-requests-inflight=500");
+        cp_opts
+            .apiserver_args
+            .extend(audit::apiserver_args(&policy, &audit_log));
+        log(&format!(
+            "size {}: {} Services × {} pods in {} namespaces; starting the control plane",
+            opts.size.name,
+            opts.size.services,
+            opts.size.pods(),
+            opts.size.namespaces()
+        ));
+        let cp = ControlPlane::start(cp_opts).await?;
+        let client = cp.client();
+        let mut kubeconfigs = BTreeMap::new();
+        for c in Controller::ALL {
+            kubeconfigs.insert(c.name(), controllers::credentials(&cp, c).await?);
+        }
+        let workload = BenchWorkload::generate(&opts.size);
+        let setup = workload.create(&client, opts.setup_parallelism).await?;
+        log(&format!("workload created in {:.1} s", setup.as_secs_f64()));
+        Ok(Self {
+            cp,
+            client,
+            opts,
+            workload,
+            observer: None,
+            kind: Kind::Endpoints,
+            audit_log,
+            kubeconfigs,
+            setup_s: setup.as_secs_f64(),
+            _dir: dir,
+        })
+    }
+
+    /// Between controllers: every pod Ready again, no Endpoints or
+    /// EndpointSlices left. Churn flips the pods in order, so only the first
+    /// `rate × churn` of them can be not ready (at XL, 600 of 100,000).
+    async fn reset(&self) -> Result<()> {
+        let client = &self.client;
+        let flipped = self.workload.pods.len().min(self.churn_total() as usize);
+        let results: Vec<Result<()>> = stream::iter(&self.workload.pods[..flipped])
+            .map(|pod| set_ready(client, pod, true))
+            .buffer_unordered(self.opts.setup_parallelism)
+            .collect()
+            .await;
+        results.into_iter().collect::<Result<()>>()?;
+        self.workload.delete_outputs(client).await?;
+        self.obs()
+            .wait_for(
+                &format!("{} deleted", self.kind.objects()),
+                Duration::from_secs(120),
+                |o| o.existing() == 0,
+            )
+            .await?;
+        Ok(())
+    }
+
+    fn kubeconfig(&self, c: Controller) -> Result<&PathBuf> {
+        self.kubeconfigs
+            .get(c.name())
+            .context("no kubeconfig for the controller")
+    }
+
+    fn start(&self, c: Controller, resync: &str, log_name: &str) -> Result<controllers::Running> {
+        match c {
+            Controller::Guard => controllers::start_guard(
+                &self.cp,
+                &self.opts.guard_binary,
+                self.kubeconfig(c)?,
+                &[
+                    // Like for like: upstream runs that kind's controller alone.
+                    format!("--controllers={}", self.kind.name()),
+                    format!("--resync-interval={resync}"),
+                    format!("--ghost-scan-qps={}", self.opts.ghost_scan_qps),
+                ],
+                log_name,
+            ),
+            Controller::Upstream => controllers::start_upstream(
+                &self.cp,
+                self.kubeconfig(c)?,
+                self.kind,
+                &self.opts.upstream_args,
+                log_name,
+            ),
+            Controller::UpstreamFast => {
+                // Last, so they win over the same flags in `upstream_args`.
+                let mut args = self.opts.upstream_args.clone();
+                args.push(format!("--kube-api-qps={}", self.opts.fast_upstream_qps));
+                args.push(format!("--kube-api-burst={}", self.opts.fast_upstream_qps));
+                controllers::start_upstream(
+                    &self.cp,
+                    self.kubeconfig(c)?,
+                    self.kind,
+                    &args,
+                    log_name,
+                )
+            }
+        }
+    }
+
+    /// Flips in one churn phase.
+    fn churn_total(&self) -> u64 {
+        (u64::from(self.opts.churn_rate.max(1)) * self.opts.churn.as_secs()).max(1)
+    }
+
+    async fn measure_phases(&self, c: Controller) -> Result<(RunResult, Vec<f64>)> {
+        let services = self.workload.services.len();
+        let obs = self.obs();
+        let kind = self.kind;
+        log(&format!("{} {}: cold sync", kind.objects(), c.name()));
+        let t_cold = SystemTime::now();
+        let started = Instant::now();
+        let ev0 = obs.events();
+        let mut running = self.start(c, "5m", &format!("{}-{}", c.name(), kind.name()))?;
+        let done = obs
+            .wait_for("cold sync", self.opts.cold_sync_timeout, |o| {
+                o.correct() == services
+            })
+            .await?;
+        let cold_sync_s = done.duration_since(started).as_secs_f64();
+        // Stray writes right after the last correct object belong to cold sync.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        running.process.ensure_running()?;
+        let mut phases = Vec::new();
+        let mut mark = Mark {
+            at: t_cold,
+            instant: started,
+            cpu: 0.0,
+            events: ev0,
+        };
+        mark = self.close(&mut phases, "cold", mark, &running)?;
+
+        log(&format!("{} {}: churn", kind.objects(), c.name()));
+        // endpoints-guard's histograms before and after churn: their
+        // difference is churn's writes alone.
+        let scrape_before = match c {
+            Controller::Guard => Some(running.metrics().await?),
+            _ => None,
+        };
+        let (flips, failed) = self.churn().await?;
+        let _ = obs
+            .wait_for("churn drained", Duration::from_secs(30), |o| {
+                o.pending() == 0
+            })
+            .await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let (mut latencies, missed) = obs.take_latencies();
+        let in_process = match scrape_before {
+            Some(before) => {
+                let after = running.metrics().await?;
+                let figures = inproc::InProcess::between(kind, &before, &after);
+                if figures.is_none() {
+                    log(
+                        "endpoints-guard exports no event-to-write histograms: no in-process figures",
+                    );
+                }
+                figures
+            }
+            None => None,
+        };
+        mark = self.close(&mut phases, "churn", mark, &running)?;
+
+        log(&format!("{} {}: steady", kind.objects(), c.name()));
+        tokio::time::sleep(self.opts.steady).await;
+        running.process.ensure_running()?;
+        self.close(&mut phases, "steady", mark, &running)?;
+        let peak_rss_main_mb = running.peak_rss_mb()?;
+        running.process.stop().await?;
+
+        let mut resync = None;
+        let mut resync_window = None;
+        if c == Controller::Guard {
+            log(&format!("{} endpoints-guard: resync", kind.objects()));
+            let (r, window) = self.resync().await?;
+            resync = Some(r);
+            resync_window = Some(window);
+        }
+        // Blocking audit mode writes before answering; a moment for the last lines.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let requests = audit::read(&self.audit_log)?;
+        let user = c.user();
+        let phases: BTreeMap<String, Phase> = phases
+            .into_iter()
+            .map(|(name, mut phase, from, to)| {
+                phase.requests = audit::by_verb(&requests, &user, from, to);
+                phase.requests_by_resource =
+                    audit::by_verb_and_resource(&requests, &user, from, to);
+                (name, phase)
+            })
+            .collect();
+        if let (Some(r), Some((from, to))) = (resync.as_mut(), resync_window) {
+            r.requests = audit::by_verb(&requests, &user, from, to);
+            r.requests_by_resource = audit::by_verb_and_resource(&requests, &user, from, to);
+        }
+        latencies.sort_by(f64::total_cmp);
+        let run = report::assemble(report::Parts {
+            size: &self.opts,
+            kind,
+            controller: c,
+            setup_s: self.setup_s,
+            cold_sync_s,
+            latencies: &latencies,
+            flips,
+            failed,
+            missed,
+            peak_rss_main_mb,
+            phases,
+            resync,
+            ghost_scan_qps: (c == Controller::Guard).then_some(self.opts.ghost_scan_qps),
+            in_process,
+            client_qps: match c {
+                Controller::Guard => None,
+                Controller::Upstream => Some(upstream_qps(&self.opts.upstream_args)),
+                Controller::UpstreamFast => Some(self.opts.fast_upstream_qps),
+            },
+        });
+        Ok((run, latencies))
+    }
+
+    /// Ends the phase begun at `mark`, storing it with its time window.
+    fn close(
+        &self,
+        phases: &mut Vec<PhaseWindow>,
+        name: &str,
+        mark: Mark,
+        running: &controllers::Running,
+    ) -> Result<Mark> {
+        let now = Mark {
+            at: SystemTime::now(),
+            instant: Instant::now(),
+            cpu: running.cpu_seconds()?,
+            events: self.obs().events(),
+        };
+        let phase = Phase {
+            wall_s: now.instant.duration_since(mark.instant).as_secs_f64(),
+            cpu_s: now.cpu - mark.cpu,
+            writes: now.events - mark.events,
+            ..Phase::default()
+        };
+        phases.push((name.to_string(), phase, mark.at, now.at));
+        Ok(now)
+    }
+
+    /// Flips `rate` pods a second for the churn duration; returns (flips, failed writes).
+    async fn churn(&self) -> Result<(u64, u64)> {
+        let rate = self.opts.churn_rate.max(1);
+        let total = self.churn_total();
+        let pods = &self.workload.pods;
+        let mut ticker = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(rate)));
+        let limit = Arc::new(Semaphore::new(32));
+        let mut tasks = JoinSet::new();
+        for k in 0..total {
+            ticker.tick().await;
+            // Each pod goes not-ready once, then (past the last pod) ready again.
+            let i = (k as usize) % pods.len();
+            let want_ready = (k as usize / pods.len()) % 2 == 1;
+            let pod = pods[i].clone();
+            let (client, obs, limit) = (self.client.clone(), self.obs().clone(), limit.clone());
+            obs.expect_flip(pod.key(), want_ready, Instant::now());
+            tasks.spawn(async move {
+                let _permit = limit.acquire_owned().await;
+                let result = set_ready(&client, &pod, want_ready).await;
+                if result.is_err() {
+                    obs.cancel_flip(&pod.key());
+                }
+                result.is_err()
+            });
+        }
+        let mut failed = 0;
+        while let Some(res) = tasks.join_next().await {
+            if res.unwrap_or(true) {
+                failed += 1;
+            }
+        }
+        Ok((total, failed))
+    }
+
+    /// A fresh endpoints-guard with a short resync interval: the first
+    /// resync's cost, and the time window it ran in.
+    async fn resync(&self) -> Result<(Resync, (SystemTime, SystemTime))> {
+        let interval = format!("{}s", self.opts.resync_interval.as_secs().max(1));
+        let log_name = format!("endpoints-guard-resync-{}", self.kind.name());
+        let mut r = self.start(Controller::Guard, &interval, &log_name)?;
+        r.wait_ready(Duration::from_secs(600)).await?;
+        let start = Instant::now();
+        let mut samples: Vec<(SystemTime, f64)> = Vec::new();
+        let (duration_s, end) = loop {
+            r.process.ensure_running()?;
+            let text = r.metrics().await?;
+            samples.push((SystemTime::now(), r.cpu_seconds()?));
+            let count = procstat::metric(&text, "endpoints_guard_resync_duration_seconds_count");
+            if count.unwrap_or(0.0) >= 1.0 {
+                let sum = procstat::metric(&text, "endpoints_guard_resync_duration_seconds_sum");
+                break (sum.unwrap_or(0.0), SystemTime::now());
+            }
+            if start.elapsed() > self.opts.resync_interval + Duration::from_secs(600) {
+                anyhow::bail!("no resync finished within its interval plus 600 s");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let from = end - Duration::from_secs_f64(duration_s + 0.25);
+        let cpu_end = r.cpu_seconds()?;
+        let cpu_start = samples
+            .iter()
+            .rev()
+            .find(|(t, _)| *t <= from)
+            .or(samples.first())
+            .map_or(0.0, |(_, c)| *c);
+        let resync = Resync {
+            duration_s,
+            cpu_s: cpu_end - cpu_start,
+            peak_rss_mb: r.peak_rss_mb()?,
+            ..Resync::default()
+        };
+        r.process.stop().await?;
+        Ok((resync, (from, end)))
+    }
+}
+
+/// kube-controller-manager's client QPS under `args` (its default is 20).
+fn upstream_qps(args: &[String]) -> u32 {
+    args.iter()
+        .rev()
+        .find_map(|a| a.strip_prefix("--kube-api-qps=")?.parse::<f64>().ok())
+        .map_or(20, |q| q as u32)
+}
+
+/// A phase's name, figures and time window `[from, to)`.
+type PhaseWindow = (String, Phase, SystemTime, SystemTime);
+
+struct Mark {
+    at: SystemTime,
+    instant: Instant,
+    cpu: f64,
+    events: u64,
+}

@@ -1,0 +1,15 @@
+//! What endpoints-guard's tests, `make bench`, `make soak`, `make chaos`,
+//! `make demo` and `make conformance` run on the local control plane of
+//! [`eg_harness`]: generated workloads, the watch-chaos proxy and the
+//! independent watches that judge a run, resource sampling, reports, a
+//! Prometheus scraping the chart's rules, and a real one-node cluster.
+
+pub mod bench;
+pub mod chaos;
+pub mod conformance;
+pub mod metrics;
+pub mod node;
+pub mod prometheus;
+pub mod slice_workload;
+pub mod soak;
+pub mod workload;
