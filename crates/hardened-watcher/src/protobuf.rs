@@ -142,7 +142,7 @@ pub struct Enveloped {
 }
 
 /// Removes the magic and the envelope.
-pub fn unwrap(body: &[u8]) -> Result<Enveloped, String> {
+pub fn open_envelope(body: &[u8]) -> Result<Enveloped, String> {
     let Some(rest) = body.strip_prefix(MAGIC) else {
         return Err("protobuf body without the k8s magic prefix".to_owned());
     };
@@ -200,7 +200,7 @@ pub fn decode_list<K, T>(
     decode: ProtobufDecode<K>,
     project: &impl Fn(K) -> Option<T>,
 ) -> Result<Page<T>, String> {
-    let envelope = unwrap(body)?;
+    let envelope = open_envelope(body)?;
     if !envelope.kind.ends_with("List") {
         return Err(format!("a LIST answered {:?}, not a list", envelope.kind));
     }
@@ -246,7 +246,7 @@ fn status_of(raw: &[u8]) -> Result<kube::core::Status, String> {
 /// An error response's body in protobuf, as kube's `Status`; `None` when
 /// it is not an enveloped Status.
 pub fn error_status(body: &[u8]) -> Option<kube::core::Status> {
-    let envelope = unwrap(body).ok()?;
+    let envelope = open_envelope(body).ok()?;
     (envelope.kind == "Status")
         .then(|| status_of(&envelope.raw).ok())
         .flatten()
@@ -270,7 +270,7 @@ pub fn parse_watch_frame<T>(
         "BOOKMARK" => {
             // An object of the watched kind with only its resourceVersion
             // (and annotations) set.
-            let rv = unwrap(&object)
+            let rv = open_envelope(&object)
                 .ok()
                 .and_then(|envelope| MetaOnly::decode(envelope.raw.as_slice()).ok())
                 .and_then(|only| only.metadata?.resource_version)
@@ -281,7 +281,7 @@ pub fn parse_watch_frame<T>(
             };
         }
         "ERROR" => {
-            return match unwrap(&object).and_then(|envelope| status_of(&envelope.raw)) {
+            return match open_envelope(&object).and_then(|envelope| status_of(&envelope.raw)) {
                 Ok(status) => WatchInput::Error(Box::new(status)),
                 Err(err) => WatchInput::Unrecognised(err),
             };
@@ -290,7 +290,7 @@ pub fn parse_watch_frame<T>(
             return WatchInput::Unrecognised(format!("unknown watch event type {other:?}"));
         }
     };
-    let decoded = match unwrap(&object) {
+    let decoded = match open_envelope(&object) {
         Ok(envelope) => decode(&envelope.raw),
         Err(error) => Err(Undecodable { meta: None, error }),
     };

@@ -59,7 +59,7 @@ fn media_types_are_told_apart_by_their_type_only() {
 #[test]
 fn the_envelope_needs_the_magic_and_no_content_encoding() {
     let body = envelope("Pod", item("a", "5"));
-    let Ok(open) = unwrap(&body) else {
+    let Ok(open) = open_envelope(&body) else {
         panic!("must unwrap")
     };
     assert_eq!(open.kind, "Pod");
@@ -67,10 +67,10 @@ fn the_envelope_needs_the_magic_and_no_content_encoding() {
 
     let mut bad_magic = body.clone();
     bad_magic[0] = b'K';
-    assert!(unwrap(&bad_magic).is_err_and(|e| e.contains("magic")));
-    assert!(unwrap(b"{\"kind\":\"Pod\"}").is_err());
+    assert!(open_envelope(&bad_magic).is_err_and(|e| e.contains("magic")));
+    assert!(open_envelope(b"{\"kind\":\"Pod\"}").is_err());
     assert!(
-        unwrap(&body[..body.len() - 3]).is_err(),
+        open_envelope(&body[..body.len() - 3]).is_err(),
         "truncated envelope"
     );
 }
