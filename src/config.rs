@@ -80,6 +80,16 @@ impl std::fmt::Display for Controller {
     }
 }
 
+/// How objects come off the wire (`--wire`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Wire {
+    /// Pods as protobuf, where the API server serves it (JSON otherwise,
+    /// answer by answer); every other kind as JSON.
+    Protobuf,
+    /// Everything as JSON.
+    Json,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     Text,
@@ -171,6 +181,12 @@ pub struct Config {
     /// Page size of every consistent LIST.
     #[arg(long, env = "EG_LIST_PAGE_SIZE", default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=10000))]
     pub list_page_size: u32,
+
+    /// How pods are read: protobuf (kube-apiserver's
+    /// application/vnd.kubernetes.protobuf, the cheaper decode; an API server
+    /// or proxy that answers JSON is read as JSON) or json.
+    #[arg(long, env = "EG_WIRE", value_enum, default_value_t = Wire::Protobuf)]
+    pub wire: Wire,
 
     /// Retries of a failing reconcile (per-key backoff from 5 ms, doubling)
     /// before its key is dropped until the next change or resync (upstream: 15).

@@ -12,7 +12,7 @@ use tokio::sync::watch as signal;
 use tokio::task::JoinSet;
 use tracing::{Instrument, error, info, info_span, warn};
 
-use crate::config::{Config, Controller};
+use crate::config::{Config, Controller, Wire};
 use crate::error::Result;
 use crate::metrics::Metrics;
 use crate::reconcile::kinds::{Kind, KindVisitor, for_each_kind};
@@ -34,6 +34,7 @@ struct Watching<'a> {
     namespace: Option<&'a str>,
     /// Objects per LIST page.
     page_limit: u32,
+    wire: Wire,
     observer: Arc<dyn WatchObserver>,
     shutdown: &'a signal::Receiver<bool>,
     tasks: &'a mut JoinSet<()>,
@@ -51,13 +52,18 @@ impl KindVisitor for Watching<'_> {
         let on_change = move |change: &Change<K::Cached>, received: Instant| {
             K::on_change(&handler, change, received);
         };
-        let watcher = Watcher::builder(api::<K>(&self.ctx.client, self.namespace))
+        let mut builder = Watcher::builder(api::<K>(&self.ctx.client, self.namespace))
             .project(K::project)
             .store(K::store(&self.ctx.stores).clone())
             .on_change(on_change)
             .observer(self.observer.clone())
-            .page_limit(self.page_limit)
-            .build();
+            .page_limit(self.page_limit);
+        if self.wire == Wire::Protobuf
+            && let Some(decode) = K::protobuf()
+        {
+            builder = builder.protobuf(decode);
+        }
+        let watcher = builder.build();
         let shutdown = self.shutdown.clone();
         self.tasks.spawn(async move {
             // A watcher ends on shutdown, or when it cannot start: the reason
@@ -146,6 +152,7 @@ pub async fn start(
         ctx: &ctx,
         namespace: cfg.namespace.as_deref(),
         page_limit: cfg.list_page_size,
+        wire: cfg.wire,
         observer: metrics.clone(),
         shutdown: &shutdown,
         tasks: &mut tasks,

@@ -178,6 +178,9 @@ pub struct EndpointsWire {
 
 wire_of!(EndpointsWire, Endpoints);
 
+#[path = "wire_protobuf.rs"]
+mod protobuf;
+
 #[cfg(test)]
 #[path = "wire_tests.rs"]
 mod tests;

@@ -26,3 +26,4 @@ mod real_node;
 mod slice_parity;
 mod soak;
 mod store;
+mod wire_agreement;

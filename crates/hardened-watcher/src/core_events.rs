@@ -2,11 +2,10 @@
 //! each line (events, bookmarks, ERRORs), and the drift an event explains or
 //! settles.
 
-use serde_json::value::RawValue;
 use tracing::{debug, warn};
 
 use super::core::WatchCore;
-use super::decode::{RawMeta, Undecodable, WatchLine, parse_watch_line};
+use super::decode::{RawMeta, WatchInput};
 use super::error::ApiErrorKind;
 use super::object::{Cached, Outcome, WatchEventKind};
 use super::rv::{RvObservation, compare_rv};
@@ -68,15 +67,23 @@ impl<T: Cached> WatchCore<T> {
     }
 
     /// One line of the watch stream, its object decoded by `decode`. Returns
-    /// whether the watch must end (an ERROR: relist).
+    /// whether the watch must end (an ERROR: relist). The driver decodes
+    /// first and calls [`WatchCore::on_input`]; the scripted tests feed lines.
+    #[cfg(test)]
     pub fn on_line(
         &mut self,
         line: &str,
-        decode: impl FnOnce(&RawValue) -> Result<T, Undecodable>,
+        decode: impl FnOnce(&serde_json::value::RawValue) -> Result<T, super::decode::Undecodable>,
     ) -> bool {
-        match parse_watch_line(line) {
-            WatchLine::Object(kind, raw) => {
-                match decode(raw) {
+        self.on_input(super::decode::parse_watch_line(line).decode(decode))
+    }
+
+    /// One watch event, its object already decoded (from a JSON line or a
+    /// protobuf frame). Returns whether the watch must end (an ERROR: relist).
+    pub fn on_input(&mut self, input: WatchInput<T>) -> bool {
+        match input {
+            WatchInput::Object(kind, decoded) => {
+                match decoded {
                     Ok(obj) => {
                         self.on_event(kind, obj);
                     }
@@ -90,13 +97,13 @@ impl<T: Cached> WatchCore<T> {
                 }
                 false
             }
-            WatchLine::Bookmark(rv) => {
+            WatchInput::Bookmark(rv) => {
                 self.machine.on_bookmark(&rv);
                 self.store.write().note_bookmark(&rv);
                 self.settle_drift(&rv);
                 false
             }
-            WatchLine::Error(status) | WatchLine::Status(status) => {
+            WatchInput::Error(status) | WatchInput::Status(status) => {
                 warn!(code = status.code, reason = %status.reason, message = %status.message, "watch ERROR event; relisting");
                 let reason = self
                     .machine
@@ -105,11 +112,11 @@ impl<T: Cached> WatchCore<T> {
                 true
             }
             // Neither a watch event nor a real Status.
-            WatchLine::Unrecognised(error) => {
+            WatchInput::Unrecognised(error) => {
                 self.undecodable(None, &error);
                 false
             }
-            WatchLine::Truncated => false,
+            WatchInput::Truncated => false,
         }
     }
 

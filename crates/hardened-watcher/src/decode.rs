@@ -255,6 +255,43 @@ pub enum WatchLine<'a> {
     Truncated,
 }
 
+impl<'a> WatchLine<'a> {
+    /// The line with its object decoded by `decode`: what the state machine
+    /// takes, whichever wire the event came on.
+    pub fn decode<T>(
+        self,
+        decode: impl FnOnce(&'a RawValue) -> Result<T, Undecodable>,
+    ) -> WatchInput<T> {
+        match self {
+            WatchLine::Object(kind, raw) => WatchInput::Object(kind, decode(raw)),
+            WatchLine::Bookmark(rv) => WatchInput::Bookmark(rv),
+            WatchLine::Error(status) => WatchInput::Error(status),
+            WatchLine::Status(status) => WatchInput::Status(status),
+            WatchLine::Unrecognised(error) => WatchInput::Unrecognised(error),
+            WatchLine::Truncated => WatchInput::Truncated,
+        }
+    }
+}
+
+/// One watch event with its object decoded: a JSON line
+/// ([`WatchLine::decode`]) or a protobuf frame
+/// ([`parse_watch_frame`](super::protobuf::parse_watch_frame)) alike.
+#[derive(Debug)]
+pub enum WatchInput<T> {
+    /// ADDED / MODIFIED / DELETED, and the object or why it did not decode.
+    Object(WatchEventKind, Result<T, Undecodable>),
+    /// A BOOKMARK and its resourceVersion.
+    Bookmark(String),
+    /// An ERROR event and its Status.
+    Error(Box<kube::core::Status>),
+    /// Not an event but a bare Status with a code (some proxies send one).
+    Status(Box<kube::core::Status>),
+    /// Neither an event nor a real Status: skipped and counted.
+    Unrecognised(String),
+    /// A truncated last line (the stream ended mid-line): ignored.
+    Truncated,
+}
+
 /// An event with its object unparsed; a struct, so the key order does not
 /// matter (`{"object":..,"type":..}` from a re-serializing proxy included).
 #[derive(Deserialize)]

@@ -6,7 +6,8 @@ use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::{AsyncBufReadExt, Stream, StreamExt};
+use futures::{AsyncBufReadExt, AsyncRead, AsyncReadExt, Stream, StreamExt, TryStreamExt};
+use http_body_util::BodyExt;
 use kube::api::{Api, WatchParams};
 use kube::runtime::watcher::DefaultBackoff;
 use serde::de::DeserializeOwned;
@@ -14,13 +15,16 @@ use tokio::sync::{mpsc, watch};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::core::{Sink, Step, WatchCore};
-use super::decode::decode_object;
+use super::decode::{WatchInput, decode_object, parse_watch_line};
 use super::error::WatchError;
-use super::list::{decode_page, fetch_page, page_rv};
+use super::list::{
+    ListBody, check_status, content_type, decode_page, fetch_page, fetch_page_either, page_rv,
+};
 use super::live;
 use super::machine::Action;
 use super::object::{Cached, Change, LiveRead};
 use super::observer::WatchObserver;
+use super::protobuf::{self, ProtobufDecode};
 use super::store::{Request, Store};
 
 /// Tuning of one watcher (set through [`WatcherBuilder`](crate::WatcherBuilder)).
@@ -61,6 +65,8 @@ pub struct Watcher<K: kube::Resource, T: Cached, P> {
     pub(crate) api: Api<K>,
     pub(crate) dyntype: K::DynamicType,
     project: P,
+    /// Decodes an object's protobuf message; `None` (as assembled): JSON only.
+    pub(crate) protobuf: Option<ProtobufDecode<K>>,
     store: Store<T>,
     sink: Sink<T>,
     observer: Arc<dyn WatchObserver>,
@@ -93,6 +99,7 @@ where
             api,
             dyntype,
             project,
+            protobuf: None,
             store,
             sink,
             observer: observer.unwrap_or_else(|| Arc::new(Silent)),
@@ -135,6 +142,7 @@ where
             api: self.api,
             dyntype: self.dyntype,
             project: self.project,
+            protobuf: self.protobuf,
             core,
             config: self.config,
             requests,
@@ -152,6 +160,7 @@ struct Driver<K: kube::Resource, T: Cached, P> {
     /// What `K` is, for the URLs of live reads.
     dyntype: K::DynamicType,
     project: P,
+    protobuf: Option<ProtobufDecode<K>>,
     core: WatchCore<T>,
     config: WatchConfig,
     requests: mpsc::UnboundedReceiver<Request>,
@@ -252,13 +261,29 @@ where
         limit: u32,
         continue_token: Option<&str>,
     ) -> Flow {
+        let fetch = async {
+            match self.protobuf {
+                Some(_) => fetch_page_either(client, request, limit, continue_token).await,
+                None => fetch_page(client, request, limit, continue_token)
+                    .await
+                    .map(ListBody::Json),
+            }
+        };
         let page = tokio::select! {
-            page = fetch_page(client, request, limit, continue_token) => page,
+            page = fetch => page,
             () = stopped(&mut self.shutdown) => return Flow::Stop,
         };
         self.core.input_arrived(Instant::now());
-        self.core
-            .on_list_page(page.and_then(|body| decode_page(&body, &self.project)));
+        let project = &self.project;
+        let page = page.and_then(|body| match (self.protobuf, &body) {
+            (Some(decode), _) => body.decode(decode, project),
+            (None, ListBody::Json(text)) => decode_page(text, project),
+            // Protobuf comes only from a list that asked for it.
+            (None, ListBody::Protobuf(_)) => {
+                Err(kube::Error::Service("an unrequested protobuf list".into()))
+            }
+        });
+        self.core.on_list_page(page);
         Flow::Continue
     }
 
@@ -280,7 +305,7 @@ where
         req.extensions_mut().insert("watch");
         debug!(resource_version = rv, "watch starting");
         let started = tokio::select! {
-            started = watch_lines(client, req) => started,
+            started = watch_stream(client, req, self.protobuf.is_some()) => started,
             () = stopped(&mut self.shutdown) => return Ok(Flow::Stop),
         };
         let stream = match started {
@@ -319,13 +344,23 @@ where
                     self.core.on_stream_end();
                     return Ok(Flow::Continue);
                 }
-                Some(Ok(line)) => {
+                Some(Ok(chunk)) => {
                     self.core.input_arrived(Instant::now());
                     let project = &self.project;
-                    let ends = self
-                        .core
-                        .on_line(&line, |raw| decode_object::<K, T>(raw, project));
-                    if ends {
+                    let input = match (chunk, self.protobuf) {
+                        (Chunk::Line(line), _) => parse_watch_line(&line)
+                            .decode(|raw| decode_object::<K, T>(raw, project)),
+                        (Chunk::Frame(frame), Some(decode)) => {
+                            protobuf::parse_watch_frame(&frame, |raw| {
+                                protobuf::decode_object(raw, decode, project)
+                            })
+                        }
+                        // Frames come only from a watch that asked for them.
+                        (Chunk::Frame(_), None) => {
+                            WatchInput::Unrecognised("unrequested protobuf frame".to_owned())
+                        }
+                    };
+                    if self.core.on_input(input) {
                         return Ok(Flow::Continue);
                     }
                 }
@@ -344,26 +379,63 @@ fn unprojectable(key: &super::object::ObjectKey) -> kube::Error {
     kube::Error::Service(format!("{key}: the object read live could not be projected").into())
 }
 
-/// The lines of a WATCH response, framed and filtered as kube's
-/// `Client::request_events` does, but left undecoded: the driver splits each
-/// into its event type and raw object ([`parse_watch_line`]) instead of
-/// building a `WatchEvent<serde_json::Value>`.
-async fn watch_lines(
+/// One unit of a WATCH response: a JSON line, or a protobuf frame (its
+/// length prefix removed).
+enum Chunk {
+    Line(String),
+    Frame(Vec<u8>),
+}
+
+/// The events of a WATCH response, framed as kube's
+/// `Client::request_events` frames lines, but left undecoded: the driver
+/// splits each into its event type and object ([`parse_watch_line`],
+/// [`protobuf::parse_watch_frame`]). With `protobuf`, the request asks for
+/// protobuf first, and the answer's Content-Type says which framing it has:
+/// a server or proxy that only speaks JSON answers JSON lines.
+async fn watch_stream(
     client: &kube::Client,
     mut req: http::Request<Vec<u8>>,
-) -> Result<impl Stream<Item = Result<String, kube::Error>> + use<>, kube::Error> {
+    protobuf: bool,
+) -> Result<impl Stream<Item = Result<Chunk, kube::Error>> + use<>, kube::Error> {
     // As kube does: Kubernetes >= 1.37 gzips watch streams one member per
     // event, which the decompression layer cannot read.
     req.headers_mut()
         .entry(http::header::ACCEPT_ENCODING)
         .or_insert(http::HeaderValue::from_static("identity"));
-    let body = client.request_stream(req).await?;
-    Ok(body.lines().filter_map(|line| async move {
-        match line {
-            Ok(line) => Some(Ok(line)),
+    if protobuf {
+        req.headers_mut().insert(
+            http::header::ACCEPT,
+            http::HeaderValue::from_static(protobuf::ACCEPT),
+        );
+    }
+    let res = client.send(req.map(kube::client::Body::from)).await?;
+    let res = check_status(res).await?;
+    let framed = protobuf && protobuf::is_protobuf(content_type(&res).as_deref());
+    let body = res
+        .into_body()
+        .into_data_stream()
+        .map_err(std::io::Error::other)
+        .into_async_read();
+    let chunks = if framed {
+        // The body is dropped after an error: nothing follows a broken frame.
+        futures::stream::unfold(Some(body), |body| async move {
+            let mut body = body?;
+            match next_frame(&mut body).await {
+                Ok(Some(frame)) => Some((Ok(Chunk::Frame(frame)), Some(body))),
+                Ok(None) => None,
+                Err(err) => Some((Err(err), None)),
+            }
+        })
+        .left_stream()
+    } else {
+        body.lines().map_ok(Chunk::Line).right_stream()
+    };
+    Ok(chunks.filter_map(|chunk| async move {
+        match chunk {
+            Ok(chunk) => Some(Ok(chunk)),
             // Our client timeout, or an unexpected EOF from the chunked
-            // decoder or TLS (tends to happen after 300+ s): end the stream
-            // so that it is resumed.
+            // decoder or TLS (tends to happen after 300+ s), or a stream
+            // cut mid-frame: end the stream so that it is resumed.
             Err(err) if err.kind() == std::io::ErrorKind::TimedOut => {
                 warn!(error = %err, "timeout in watch poll");
                 None
@@ -375,6 +447,38 @@ async fn watch_lines(
             Err(err) => Some(Err(kube::Error::ReadEvents(err))),
         }
     }))
+}
+
+/// The next length-prefixed frame; `None` at the end of the stream between
+/// frames. A stream that ends inside a frame is an unexpected EOF (as a
+/// truncated last JSON line, it ends the watch); a length past
+/// [`protobuf::MAX_FRAME`] is no frame, and fails the stream.
+pub(crate) async fn next_frame(
+    body: &mut (impl AsyncRead + Unpin),
+) -> std::io::Result<Option<Vec<u8>>> {
+    let mut prefix = [0u8; 4];
+    let mut got = 0;
+    while got < prefix.len() {
+        let n = body.read(&mut prefix[got..]).await?;
+        if n == 0 {
+            return if got == 0 {
+                Ok(None)
+            } else {
+                Err(std::io::ErrorKind::UnexpectedEof.into())
+            };
+        }
+        got += n;
+    }
+    let len = usize::try_from(u32::from_be_bytes(prefix)).unwrap_or(usize::MAX);
+    if len > protobuf::MAX_FRAME {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("watch frame of {len} bytes"),
+        ));
+    }
+    let mut frame = vec![0; len];
+    body.read_exact(&mut frame).await?;
+    Ok(Some(frame))
 }
 
 /// Whether a body read error is an unexpected EOF, however deeply nested

@@ -17,6 +17,7 @@ pub mod live;
 mod machine;
 mod object;
 mod observer;
+mod protobuf;
 mod reason;
 mod rv;
 mod store;

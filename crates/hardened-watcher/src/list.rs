@@ -13,6 +13,7 @@ use super::cache::Cache;
 pub use super::cache_list::ListMode;
 use super::decode::{Listed, RawList, decode_items};
 use super::object::{Cached, DriftKind, ListDiff, ListedOutcome, ObjectKey};
+use super::protobuf::{self, ProtobufDecode};
 
 /// A consistent list applied to a [`Cache`] page by page:
 ///
@@ -240,6 +241,114 @@ pub async fn fetch_page(
     let mut req = request.list(&params).map_err(kube::Error::BuildRequest)?;
     req.extensions_mut().insert("list");
     client.request_text(req).await
+}
+
+/// A LIST body, undecoded, in the format the server chose.
+pub enum ListBody {
+    /// JSON text.
+    Json(String),
+    /// An enveloped protobuf list.
+    Protobuf(bytes::Bytes),
+}
+
+impl ListBody {
+    /// Decodes the page: protobuf with `decode` (see
+    /// [`protobuf::decode_list`]), JSON as [`decode_page`] does.
+    pub fn decode<K, T>(
+        &self,
+        decode: ProtobufDecode<K>,
+        project: &impl Fn(K) -> Option<T>,
+    ) -> Result<Page<T>, kube::Error>
+    where
+        K: DeserializeOwned,
+    {
+        match self {
+            ListBody::Json(body) => decode_page(body, project),
+            ListBody::Protobuf(body) => {
+                protobuf::decode_list(body, decode, project).map_err(decode_error)
+            }
+        }
+    }
+}
+
+/// Fetches one LIST page asking for protobuf, JSON second (a server that
+/// cannot serve protobuf answers JSON); the answer's Content-Type says
+/// which it is.
+pub async fn fetch_page_either(
+    client: &kube::Client,
+    request: &kube::core::Request,
+    limit: u32,
+    continue_token: Option<&str>,
+) -> Result<ListBody, kube::Error> {
+    let mut params = ListParams::default().limit(limit);
+    if let Some(token) = continue_token {
+        params = params.continue_token(token);
+    }
+    let mut req = request.list(&params).map_err(kube::Error::BuildRequest)?;
+    req.extensions_mut().insert("list");
+    req.headers_mut().insert(
+        http::header::ACCEPT,
+        http::HeaderValue::from_static(protobuf::ACCEPT),
+    );
+    let (content_type, body) = send(client, req).await?;
+    if protobuf::is_protobuf(content_type.as_deref()) {
+        Ok(ListBody::Protobuf(body))
+    } else {
+        let body = String::from_utf8(body.to_vec()).map_err(kube::Error::FromUtf8)?;
+        Ok(ListBody::Json(body))
+    }
+}
+
+/// A body that is no list, as the JSON path reports one: a decode error.
+fn decode_error(message: String) -> kube::Error {
+    kube::Error::SerdeError(<serde_json::Error as serde::de::Error>::custom(message))
+}
+
+/// Sends `req` and returns the Content-Type and the whole body of a
+/// successful answer; an error answer becomes `kube::Error::Api` with its
+/// `Status`, read from JSON or protobuf (kube's own check reads JSON only).
+pub(crate) async fn send(
+    client: &kube::Client,
+    req: http::Request<Vec<u8>>,
+) -> Result<(Option<String>, bytes::Bytes), kube::Error> {
+    let res = client.send(req.map(kube::client::Body::from)).await?;
+    let res = check_status(res).await?;
+    let content_type = content_type(&res);
+    let body = res.into_body().collect_bytes().await?;
+    Ok((content_type, body))
+}
+
+/// The Content-Type of an answer.
+pub(crate) fn content_type<B>(res: &http::Response<B>) -> Option<String> {
+    res.headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|ct| ct.to_str().ok())
+        .map(str::to_owned)
+}
+
+/// An answer with an error code becomes `kube::Error::Api`: its `Status`
+/// when the body is one (JSON or protobuf), else a Status with the code and
+/// the body's text, as kube makes it.
+pub(crate) async fn check_status(
+    res: http::Response<kube::client::Body>,
+) -> Result<http::Response<kube::client::Body>, kube::Error> {
+    let code = res.status();
+    if !(code.is_client_error() || code.is_server_error()) {
+        return Ok(res);
+    }
+    let content_type = content_type(&res);
+    let body = res.into_body().collect_bytes().await?;
+    let status = if protobuf::is_protobuf(content_type.as_deref()) {
+        protobuf::error_status(&body)
+    } else {
+        serde_json::from_slice::<kube::core::Status>(&body).ok()
+    };
+    let status = status.unwrap_or_else(|| {
+        let text = String::from_utf8_lossy(&body);
+        kube::core::Status::failure(text.trim(), "Failed to parse error data")
+            .with_code(code.as_u16())
+    });
+    Err(kube::Error::Api(status.boxed()))
 }
 
 /// The resourceVersion of a LIST body, its items left undecoded (the probe

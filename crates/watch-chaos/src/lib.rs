@@ -12,9 +12,10 @@
 //! - [`stream`]: one watch stream, transformed.
 //! - [`control`]: the control API.
 //!
-//! JSON only: clients must not ask for protobuf (kube-controller-manager:
-//! `--kube-api-content-type=application/json`); protobuf answers are passed
-//! through untouched.
+//! JSON only: a LIST or WATCH that asks for protobuf is sent on asking for
+//! JSON, so its faults apply (a client must then read JSON answers, as
+//! client-go and hardened-watcher's protobuf option do); other protobuf
+//! answers are passed through untouched.
 
 pub mod body;
 pub mod control;

@@ -48,6 +48,27 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     headers.remove(header::CONTENT_LENGTH);
 }
 
+/// Makes a LIST or WATCH that asks for protobuf ask for JSON instead: the
+/// faults are made by reading and rewriting JSON events. A client that
+/// decodes by Content-Type (kube-rs programs on hardened-watcher's protobuf
+/// option, client-go) reads the JSON answer as it would any server's that
+/// cannot serve protobuf; behind this proxy they run their JSON decoders.
+/// Returns whether the request asked for protobuf.
+fn ask_for_json(headers: &mut HeaderMap) -> bool {
+    let protobuf = headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("application/vnd.kubernetes.protobuf"));
+    if protobuf {
+        headers.insert(
+            header::ACCEPT,
+            header::HeaderValue::from_static("application/json"),
+        );
+    }
+    protobuf
+}
+
 fn is_json(headers: &HeaderMap) -> bool {
     headers
         .get(header::CONTENT_TYPE)
@@ -305,6 +326,10 @@ impl Proxy {
             let body = events::filter_list_namespace(&snapshot.body, target.namespace.as_deref());
             return Ok(json_response(StatusCode::OK, &body));
         }
+        let mut parts = parts;
+        if ask_for_json(&mut parts.headers) {
+            self.shared.bump(resource, "protobuf_asked_json_served");
+        }
         let response = self.upstream.send(parts, body).await?;
         if response.status() != StatusCode::OK || !is_json(response.headers()) {
             return Ok(passthrough(response));
@@ -350,6 +375,10 @@ impl Proxy {
                 pace: Duration::from_millis(pace),
             }
         });
+        let mut parts = parts;
+        if ask_for_json(&mut parts.headers) {
+            self.shared.bump(&resource, "protobuf_asked_json_served");
+        }
         let response = self.upstream.send(parts, body).await?;
         if response.status() != StatusCode::OK || !is_json(response.headers()) {
             return Ok(passthrough(response));
@@ -389,4 +418,32 @@ fn lines_response(lines: Vec<Vec<u8>>) -> Response<Body> {
         header::HeaderValue::from_static("application/json"),
     );
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_for_protobuf_asks_for_json() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::ACCEPT,
+            header::HeaderValue::from_static(
+                "application/vnd.kubernetes.protobuf, application/json",
+            ),
+        );
+        assert!(ask_for_json(&mut headers));
+        assert_eq!(
+            headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()),
+            Some("application/json")
+        );
+        let mut json = HeaderMap::new();
+        json.insert(
+            header::ACCEPT,
+            header::HeaderValue::from_static("application/json"),
+        );
+        assert!(!ask_for_json(&mut json));
+        assert!(!ask_for_json(&mut HeaderMap::new()));
+    }
 }

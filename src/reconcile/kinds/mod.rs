@@ -56,6 +56,11 @@ pub trait Kind: 'static {
     /// An object as the cache keeps it; `None` if it cannot be represented
     /// (counted as undecodable, never used to filter).
     fn project(object: Self::Object) -> Option<Self::Cached>;
+    /// Decodes an object's protobuf message, for kinds read as protobuf
+    /// (`--wire protobuf`); `None`: JSON only.
+    fn protobuf() -> Option<DecodeProtobuf<Self::Object>> {
+        None
+    }
     /// Where its cache lives.
     fn store(stores: &Stores) -> &Store<Self::Cached>;
     /// What a change to one of its objects means: the Services to reconcile.
@@ -65,6 +70,9 @@ pub trait Kind: 'static {
     /// to something of ours: if not, housekeeping may let its tombstone go.
     fn at_stake(ctx: &Context, key: &ObjectKey, uid: &str) -> bool;
 }
+
+/// Decodes one object's protobuf message (the envelope removed) as `O`.
+pub type DecodeProtobuf<O> = fn(&[u8]) -> Result<O, String>;
 
 /// Something done once for every watched kind (see [`for_each_kind`]).
 pub trait KindVisitor {

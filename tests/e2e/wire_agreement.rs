@@ -1,0 +1,318 @@
+//! The two pod decoders agree on real objects: pods that carry every field
+//! the projection reads (labels, IPv4 and IPv6 podIPs, hostname and
+//! subdomain, nodeName, named container and sidecar ports of each protocol,
+//! Ready true and false, each phase, a deletionTimestamp held by a
+//! finalizer, ownerReferences, terminal pods) are watched by two watchers
+//! side by side on one kube-apiserver, one reading JSON and one protobuf,
+//! through the WATCH path (pods made and changed while they watch) and the
+//! LIST path (two more watchers started afterwards). Each cached pod, and
+//! each change delivered, must be the same for both, and the same as the
+//! projection of the whole typed Pod.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use eg_harness::{ControlPlane, ControlPlaneOptions, PodBuilder, PodStatusSpec};
+use endpoints_guard::desired::{PodFields, PodInfo};
+use endpoints_guard::wire::PodWire;
+use hardened_watcher::{Cached, Change, ObjectKey, Store, Watcher};
+use k8s_openapi::api::core::v1::{Container, ContainerPort, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::Api;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use tokio::sync::watch;
+
+const NS: &str = "wire";
+
+/// Objects the protobuf watchers decoded: proof that they were served protobuf.
+static PROTOBUF_DECODES: AtomicUsize = AtomicUsize::new(0);
+
+fn counted_protobuf(raw: &[u8]) -> Result<PodWire, String> {
+    PROTOBUF_DECODES.fetch_add(1, Ordering::SeqCst);
+    PodWire::from_protobuf(raw)
+}
+
+/// One watcher of the namespace's pods and every change it delivered.
+struct Side {
+    store: Store<PodInfo>,
+    changes: Arc<Mutex<Vec<String>>>,
+    stop: watch::Sender<bool>,
+}
+
+impl Side {
+    fn start(client: &kube::Client, protobuf: bool) -> Self {
+        let store = Store::<PodInfo>::new("pods");
+        let changes = Arc::new(Mutex::new(Vec::new()));
+        let log = changes.clone();
+        let mut builder = Watcher::builder(Api::<PodWire>::namespaced(client.clone(), NS))
+            .project(PodWire::project)
+            .store(store.clone())
+            .on_change(move |change: &Change<PodInfo>, _| {
+                let line = match change {
+                    Change::Added(p) => format!("added {p:?}"),
+                    Change::Updated { old, new } => format!("updated {old:?} -> {new:?}"),
+                    Change::DeletionCandidate(p) => format!("deletion candidate {p:?}"),
+                };
+                log.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(line);
+            })
+            .page_limit(4);
+        if protobuf {
+            builder = builder.protobuf(counted_protobuf);
+        }
+        let watcher = builder.build();
+        let (stop, shutdown) = watch::channel(false);
+        tokio::spawn(async move {
+            if let Err(err) = watcher.run(shutdown).await {
+                eprintln!("watcher: {err}");
+            }
+        });
+        Self {
+            store,
+            changes,
+            stop,
+        }
+    }
+
+    async fn synced(&self) -> Result<()> {
+        let mut synced = self.store.synced();
+        tokio::time::timeout(Duration::from_secs(60), synced.wait_for(|s| *s))
+            .await
+            .context("the watcher did not sync in 60s")?
+            .context("the watcher stopped")?;
+        Ok(())
+    }
+
+    fn cached(&self) -> BTreeMap<String, PodFields> {
+        self.store
+            .read()
+            .iter()
+            .map(|p| (p.key().to_string(), p.fields()))
+            .collect()
+    }
+
+    fn changes(&self) -> Vec<String> {
+        self.changes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Waits until the cache holds `key` at `rv`.
+    async fn reaches(&self, key: &ObjectKey, rv: &str) -> Result<()> {
+        for _ in 0..600 {
+            if self
+                .store
+                .get(key)
+                .is_some_and(|p| p.resource_version() == rv)
+            {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        bail!("{key} at {rv} never reached the cache")
+    }
+}
+
+impl Drop for Side {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+    }
+}
+
+fn port(name: &str, number: i32, protocol: &str) -> ContainerPort {
+    ContainerPort {
+        name: (!name.is_empty()).then(|| name.to_owned()),
+        container_port: number,
+        protocol: Some(protocol.to_owned()),
+        ..ContainerPort::default()
+    }
+}
+
+/// `name` with the labels, port (http 8080/TCP) and node most pods have.
+fn pod(name: &str) -> PodBuilder {
+    PodBuilder::serving(NS, name, "web").label("tier", "front")
+}
+
+async fn create(cp: &ControlPlane, pod: Pod) -> Result<Pod> {
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    Api::<Pod>::namespaced(cp.client(), NS)
+        .create(&PostParams::default(), &pod)
+        .await
+        .with_context(|| format!("creating pod {name}"))
+}
+
+/// Makes and changes the pods; returns the last one's key and RV (every
+/// change before it has then reached a watcher that has it).
+async fn churn(cp: &ControlPlane) -> Result<(ObjectKey, String)> {
+    let pods = Api::<Pod>::namespaced(cp.client(), NS);
+
+    // Every field the projection reads, both families, every protocol,
+    // a sidecar's port and a plain init container's (not read).
+    let full = pod("full")
+        .hostname("full-0")
+        .subdomain("web")
+        .node_name("node-a")
+        .container_port("dns", 53, "UDP")
+        .container_port("assoc", 9999, "SCTP")
+        .container_port("", 9090, "TCP")
+        .sidecar_port("metrics", 9100, "TCP")
+        .spec(|spec| {
+            spec.init_containers
+                .get_or_insert_with(Vec::new)
+                .push(Container {
+                    name: "setup".into(),
+                    image: Some("registry.k8s.io/pause:3.10".into()),
+                    ports: Some(vec![port("setup", 1234, "TCP")]),
+                    ..Container::default()
+                });
+        });
+    cp.create_pod_with_status(full, PodStatusSpec::ready(["10.1.0.1", "fd00:1::1"]))
+        .await?;
+    cp.create_pod_with_status(pod("v6"), PodStatusSpec::ready(["fd00:1::2"]))
+        .await?;
+    cp.create_pod_with_status(pod("unready"), PodStatusSpec::not_ready(["10.1.0.3"]))
+        .await?;
+    cp.create_pod(pod("pending")).await?;
+    cp.create_pod_with_status(
+        pod("succeeded"),
+        PodStatusSpec::not_ready(["10.1.0.5"]).phase("Succeeded"),
+    )
+    .await?;
+    cp.create_pod_with_status(
+        pod("failed"),
+        PodStatusSpec::not_ready(["10.1.0.6"]).phase("Failed"),
+    )
+    .await?;
+    cp.create_pod(PodBuilder::new(NS, "bare")).await?;
+
+    // Owned by a ReplicaSet and held by a finalizer: deleting it sets its
+    // deletionTimestamp and keeps it.
+    let mut owned = pod("owned").build();
+    owned.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: "apps/v1".into(),
+        kind: "ReplicaSet".into(),
+        name: "web-7d9f".into(),
+        uid: "6b1d2c3e-0000-4000-8000-000000000001".into(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }]);
+    owned.metadata.finalizers = Some(vec!["example.com/hold".into()]);
+    create(cp, owned).await?;
+    cp.set_pod_status(NS, "owned", PodStatusSpec::ready(["10.1.0.7"]))
+        .await?;
+    cp.delete_pod_gracefully(NS, "owned", 30).await?;
+    // On a node, no kubelet to finish it: Terminating with its deletionTimestamp.
+    cp.create_pod_with_status(
+        pod("terminating").node_name("node-a"),
+        PodStatusSpec::ready(["10.1.0.8"]),
+    )
+    .await?;
+    cp.delete_pod_gracefully(NS, "terminating", 30).await?;
+
+    // Flips, relabels, deletes.
+    cp.set_pod_status(NS, "unready", PodStatusSpec::ready(["10.1.0.3"]))
+        .await?;
+    cp.set_pod_status(
+        NS,
+        "full",
+        PodStatusSpec::not_ready(["10.1.0.1", "fd00:1::1"]),
+    )
+    .await?;
+    let relabel = serde_json::json!({"metadata": {"labels": {"tier": "back", "extra": ""}}});
+    pods.patch("v6", &PatchParams::default(), &Patch::Merge(&relabel))
+        .await
+        .context("relabelling v6")?;
+    cp.delete_pod_gracefully(NS, "pending", 0).await?;
+
+    let last = cp.create_pod(pod("last")).await?;
+    let rv = last.metadata.resource_version.unwrap_or_default();
+    Ok((ObjectKey::new(NS, "last"), rv))
+}
+
+/// The projection of each pod as a typed whole-Pod LIST has it.
+async fn projected_whole(cp: &ControlPlane) -> Result<BTreeMap<String, PodFields>> {
+    let list = Api::<Pod>::namespaced(cp.client(), NS)
+        .list(&ListParams::default())
+        .await
+        .context("listing pods")?;
+    let mut out = BTreeMap::new();
+    for pod in &list.items {
+        let info = PodInfo::from_pod(pod).context("a pod without a name")?;
+        out.insert(info.key().to_string(), info.fields());
+    }
+    Ok(out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protobuf_and_json_decode_the_same_pods() -> Result<()> {
+    let cp = ControlPlane::start(ControlPlaneOptions::default()).await?;
+    cp.create_namespace(NS).await?;
+    let client = cp.client();
+
+    // The WATCH path: both watch while the pods are made and changed.
+    let json = Side::start(&client, false);
+    let proto = Side::start(&client, true);
+    json.synced().await?;
+    proto.synced().await?;
+    let decoded_at_start = PROTOBUF_DECODES.load(Ordering::SeqCst);
+    let (last, rv) = churn(&cp).await?;
+    json.reaches(&last, &rv).await?;
+    proto.reaches(&last, &rv).await?;
+    let watched = PROTOBUF_DECODES.load(Ordering::SeqCst) - decoded_at_start;
+    ensure!(
+        watched >= 20,
+        "the protobuf watcher decoded {watched} watch events as protobuf"
+    );
+    let json_changes = json.changes();
+    ensure!(
+        json_changes.len() >= 20,
+        "only {} changes",
+        json_changes.len()
+    );
+    assert_eq!(
+        proto.changes(),
+        json_changes,
+        "each watch event projects the same"
+    );
+    let whole = projected_whole(&cp).await?;
+    ensure!(whole.len() == 9, "pods: {:?}", whole.keys());
+    assert_eq!(json.cached(), whole, "the JSON cache is the whole pods'");
+    assert_eq!(
+        proto.cached(),
+        whole,
+        "the protobuf cache is the whole pods'"
+    );
+    // What the pods were made to show did reach the projection.
+    let terminating: Vec<&str> = whole
+        .values()
+        .filter(|p| p.terminating)
+        .map(|p| p.name.as_str())
+        .collect();
+    assert_eq!(terminating, ["owned", "terminating"]);
+    let full = whole.get("wire/full").context("no pod full")?;
+    assert_eq!(full.pod_ips, ["10.1.0.1", "fd00:1::1"]);
+    assert_eq!(full.container_ports.len(), 4, "{full:?}");
+    assert!(!full.ready && full.ready_transition.is_some());
+    assert_eq!(full.hostname.as_deref(), Some("full-0"));
+
+    // The LIST path: two more watchers list what is there (pages of 4).
+    let before_list = PROTOBUF_DECODES.load(Ordering::SeqCst);
+    let json_list = Side::start(&client, false);
+    let proto_list = Side::start(&client, true);
+    json_list.synced().await?;
+    proto_list.synced().await?;
+    let listed = PROTOBUF_DECODES.load(Ordering::SeqCst) - before_list;
+    ensure!(
+        listed >= whole.len(),
+        "the protobuf list decoded {listed} pods as protobuf"
+    );
+    assert_eq!(json_list.cached(), whole);
+    assert_eq!(proto_list.cached(), whole);
+    assert_eq!(proto_list.changes(), json_list.changes());
+    Ok(())
+}
