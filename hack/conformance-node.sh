@@ -2,7 +2,7 @@
 # Prepares the real-node part of make conformance (docs/conformance.md): as
 # root, installs the Debian packages the real node needs when missing (as
 # hack/e2e-node.sh does: containerd, runc, containernetworking-plugins,
-# iptables, conntrack, ca-certificates; and curl and wget, which go into the
+# iptables, nftables, conntrack, ca-certificates; and curl and wget, which go into the
 # agnhost image); not root, or without apt-get, it says so and exits 0, and
 # eg-conformance skips the real-node specs. Then it makes the images
 # upstream's real-node e2e specs run, imported into the node's containerd
@@ -32,7 +32,7 @@ skip() {
   exit 0
 }
 
-packages=(containerd runc containernetworking-plugins iptables conntrack ca-certificates curl wget)
+packages=(containerd runc containernetworking-plugins iptables nftables conntrack ca-certificates curl wget)
 need_node_packages "${packages[@]}"
 
 agnhost_tag=registry.k8s.io/e2e-test-images/agnhost:2.63.0

@@ -8,7 +8,8 @@
 #   hack/e2e-node.sh [full|short]    (default full; make test runs short)
 #
 # As root it installs what is missing (Debian: containerd, runc,
-# containernetworking-plugins, iptables, conntrack, ca-certificates); not root,
+# containernetworking-plugins, iptables, nftables, conntrack, ca-certificates);
+# not root,
 # or without apt-get, it says so in one line and exits 0. It refuses to run
 # beside a kubelet, containerd or kube-proxy it did not start. The host is
 # compared before and after; a failed run keeps its logs and prints where.
@@ -24,7 +25,7 @@ set -euo pipefail
 form=${1:-full}
 profile=${EG_IMAGE_PROFILE:-release}
 cargo=${CARGO:-cargo}
-packages=(containerd runc containernetworking-plugins iptables conntrack ca-certificates)
+packages=(containerd runc containernetworking-plugins iptables nftables conntrack ca-certificates)
 
 log() { echo "e2e-node: $*" >&2; }
 skip() {

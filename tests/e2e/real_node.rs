@@ -130,9 +130,14 @@ async fn rows_under_traffic() -> Result<()> {
     if let Some(problems) = node::clean_leftovers() {
         eprintln!("e2e_node: undid what a killed run left on the host ({problems:?})");
     }
-    if let Some(why) = node::unavailable() {
+    if let Some(why) = node::not_root().or_else(node::occupied) {
         eprintln!("e2e_node: skipped: {why}");
         return Ok(());
+    }
+    // hack/e2e-node.sh installed the node's packages before running this:
+    // a program still missing would otherwise turn every run into a skip.
+    if let Some(why) = node::missing_program() {
+        bail!("e2e_node: {why}");
     }
     let images = NodeImages::locate()?;
     let out = workspace_root()?.join(match form {

@@ -44,11 +44,12 @@ pub const BRIDGE: &str = "cni0";
 /// The comment on the FORWARD rule that keeps pod traffic on the bridge.
 const GUARD_COMMENT: &str = "eg-e2e-node: pod traffic stays on the bridge";
 /// Debian packages the node needs.
-pub const PACKAGES: [&str; 6] = [
+pub const PACKAGES: [&str; 7] = [
     "containerd",
     "runc",
     "containernetworking-plugins",
     "iptables",
+    "nftables",
     "conntrack",
     "ca-certificates",
 ];
@@ -61,10 +62,20 @@ pub const PAUSE_IMAGE: &str = "eg.local/pause:e2e";
 /// required program missing, or a kubelet or containerd already running
 /// that this run would fight with.
 pub fn unavailable() -> Option<String> {
+    not_root().or_else(missing_program).or_else(occupied)
+}
+
+/// Why the run cannot start as this user, if it cannot.
+pub fn not_root() -> Option<String> {
     // SAFETY: getuid(2) has no preconditions.
-    if unsafe { libc::getuid() } != 0 {
-        return Some("a real node needs root (kubelet, containerd, iptables)".to_string());
-    }
+    (unsafe { libc::getuid() } != 0)
+        .then(|| "a real node needs root (kubelet, containerd, iptables)".to_string())
+}
+
+/// The first program (or CNI plugin) the node needs that this host lacks.
+/// After the node scripts installed [`PACKAGES`], one still missing is a gap
+/// in that list, not a reason to skip.
+pub fn missing_program() -> Option<String> {
     for tool in [
         "containerd",
         "ctr",
@@ -87,6 +98,11 @@ pub fn unavailable() -> Option<String> {
             "{CNI_BIN_DIR}/bridge not found: install containernetworking-plugins"
         ));
     }
+    None
+}
+
+/// A kubelet, containerd, kube-proxy or bridge this run did not make.
+pub fn occupied() -> Option<String> {
     if let Ok(before) = HostSnapshot::take() {
         for name in ["kubelet", "containerd", "kube-proxy"] {
             if before.processes.contains_key(name) {
