@@ -9,8 +9,7 @@
 #
 # As root it installs what is missing (Debian: containerd, runc,
 # containernetworking-plugins, iptables, nftables, conntrack, ca-certificates);
-# not root,
-# or without apt-get, it says so in one line and exits 0. It refuses to run
+# not root, or without apt-get, it says so in one line and exits 0. It refuses to run
 # beside a kubelet, containerd or kube-proxy it did not start. The host is
 # compared before and after; a failed run keeps its logs and prints where.
 #
