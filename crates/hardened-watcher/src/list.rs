@@ -225,13 +225,12 @@ pub struct Page<T> {
     pub continue_token: Option<String>,
 }
 
-/// Fetches one LIST page and returns its body, undecoded.
-pub async fn fetch_page(
-    client: &kube::Client,
+/// The request for one LIST page, whichever format it asks for.
+fn page_request(
     request: &kube::core::Request,
     limit: u32,
     continue_token: Option<&str>,
-) -> Result<String, kube::Error> {
+) -> Result<http::Request<Vec<u8>>, kube::Error> {
     // resourceVersion stays unset: a consistent read, never the possibly
     // stale watch-cache answer that RV "0" would get.
     let mut params = ListParams::default().limit(limit);
@@ -240,7 +239,19 @@ pub async fn fetch_page(
     }
     let mut req = request.list(&params).map_err(kube::Error::BuildRequest)?;
     req.extensions_mut().insert("list");
-    client.request_text(req).await
+    Ok(req)
+}
+
+/// Fetches one LIST page and returns its body, undecoded.
+pub async fn fetch_page(
+    client: &kube::Client,
+    request: &kube::core::Request,
+    limit: u32,
+    continue_token: Option<&str>,
+) -> Result<String, kube::Error> {
+    client
+        .request_text(page_request(request, limit, continue_token)?)
+        .await
 }
 
 /// A LIST body, undecoded, in the format the server chose.
@@ -280,12 +291,7 @@ pub async fn fetch_page_either(
     limit: u32,
     continue_token: Option<&str>,
 ) -> Result<ListBody, kube::Error> {
-    let mut params = ListParams::default().limit(limit);
-    if let Some(token) = continue_token {
-        params = params.continue_token(token);
-    }
-    let mut req = request.list(&params).map_err(kube::Error::BuildRequest)?;
-    req.extensions_mut().insert("list");
+    let mut req = page_request(request, limit, continue_token)?;
     req.headers_mut().insert(
         http::header::ACCEPT,
         http::HeaderValue::from_static(protobuf::ACCEPT),
