@@ -2,9 +2,12 @@
 //! `--kube-api-burst`): a token bucket in front of the kube client's HTTP
 //! stack, as client-go's. The client serves every request through one buffer
 //! worker, which waits in [`RateLimit::poll_ready`] until a token is there.
+//! Every service one layer makes draws on the layer's one bucket, so the
+//! controller's two clients (`crate::startup::Clients`) share the limit.
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -46,17 +49,18 @@ impl Bucket {
     }
 }
 
-/// Wraps a service in a [`RateLimit`].
-#[derive(Debug, Clone, Copy)]
+/// Wraps a service in a [`RateLimit`] drawing on the layer's bucket.
+#[derive(Debug, Clone)]
 pub struct RateLimitLayer {
-    qps: f64,
-    burst: u32,
+    bucket: Arc<Mutex<Bucket>>,
 }
 
 impl RateLimitLayer {
     /// `None` for `qps` 0 (or anything not above 0): no limit.
     pub fn new(qps: f64, burst: u32) -> Option<Self> {
-        (qps > 0.0 && qps.is_finite()).then_some(Self { qps, burst })
+        (qps > 0.0 && qps.is_finite()).then(|| Self {
+            bucket: Arc::new(Mutex::new(Bucket::new(qps, burst, Instant::now()))),
+        })
     }
 }
 
@@ -66,7 +70,7 @@ impl<S> Layer<S> for RateLimitLayer {
     fn layer(&self, inner: S) -> RateLimit<S> {
         RateLimit {
             inner,
-            bucket: Bucket::new(self.qps, self.burst, Instant::now()),
+            bucket: Arc::clone(&self.bucket),
             token: false,
             sleep: None,
         }
@@ -77,7 +81,7 @@ impl<S> Layer<S> for RateLimitLayer {
 /// request (held from `poll_ready` to `call`).
 pub struct RateLimit<S> {
     inner: S,
-    bucket: Bucket,
+    bucket: Arc<Mutex<Bucket>>,
     token: bool,
     sleep: Option<Pin<Box<Sleep>>>,
 }
@@ -98,7 +102,13 @@ where
                 }
                 self.sleep = None;
             }
-            match self.bucket.take(Instant::now()) {
+            // A panic while holding the lock leaves a consistent bucket.
+            let taken = self
+                .bucket
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take(Instant::now());
+            match taken {
                 Ok(()) => self.token = true,
                 Err(wait) => self.sleep = Some(Box::pin(tokio::time::sleep(wait))),
             }
@@ -186,6 +196,25 @@ mod tests {
         assert!(
             start.elapsed() >= Duration::from_millis(95),
             "5 requests past the burst at 50/s took {:?}",
+            start.elapsed()
+        );
+    }
+
+    /// Two services of one layer (the controller's two clients) spend one
+    /// bucket: a burst of 2 between them, then the rate.
+    #[tokio::test]
+    async fn services_of_one_layer_share_its_bucket() {
+        let layer = RateLimitLayer::new(50.0, 2).expect("qps above 0");
+        let mut first = layer.layer(Clock);
+        let mut second = layer.layer(Clock);
+        let start = Instant::now();
+        send(&mut first).await;
+        send(&mut second).await;
+        send(&mut first).await;
+        send(&mut second).await;
+        assert!(
+            start.elapsed() >= Duration::from_millis(35),
+            "2 requests past the shared burst at 50/s took {:?}",
             start.elapsed()
         );
     }
