@@ -188,6 +188,22 @@ impl<T: Cached> Cache<T> {
         }
     }
 
+    /// An ADDED / MODIFIED event known from its metadata alone
+    /// ([`peek_watch_line`](super::decode::peek_watch_line)) to bring exactly
+    /// the incarnation and resourceVersion held live for its key: what
+    /// [`Cache::apply_event`] does with it (Unchanged), without the object.
+    /// False, and nothing done, for any other event: decode and apply it.
+    pub(crate) fn apply_unchanged_event(&mut self, meta: &super::decode::RawMeta) -> bool {
+        let held = self.live.get(&meta.key).is_some_and(|cur| {
+            cur.uid() == meta.uid && cur.resource_version() == meta.resource_version
+        });
+        if held {
+            self.highest.observe(&meta.resource_version);
+            self.explain_drift(&meta.key, &meta.resource_version);
+        }
+        held
+    }
+
     /// A BOOKMARK: the store has reached `rv`.
     pub(crate) fn note_bookmark(&mut self, rv: &str) {
         self.highest.observe(rv);

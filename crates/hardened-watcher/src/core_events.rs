@@ -140,6 +140,37 @@ impl<T: Cached> WatchCore<T> {
         seen == RvObservation::Opaque
     }
 
+    /// An ADDED / MODIFIED event read only as far as its object's metadata
+    /// (`peek_watch_line`): true when the cache holds exactly that state,
+    /// which is then the whole of the event (the resume point and drift
+    /// move as for any event; the cache is unchanged). False: nothing done,
+    /// the event is to be decoded and applied.
+    pub fn on_known_event(&mut self, meta: &RawMeta) -> bool {
+        if !self.store.write().apply_unchanged_event(meta) {
+            return false;
+        }
+        let rv = &meta.resource_version;
+        self.observe_rv(rv);
+        self.note_replay(rv);
+        self.settle_drift(rv);
+        true
+    }
+
+    /// Whether an event at `rv` replays what the last list already held; the
+    /// first event past it ends the replay.
+    fn note_replay(&mut self, rv: &str) -> bool {
+        let replayed = self.replay_until.as_deref().is_some_and(|until| {
+            matches!(
+                compare_rv(rv, until),
+                Some(std::cmp::Ordering::Less | std::cmp::Ordering::Equal)
+            )
+        });
+        if !replayed {
+            self.replay_until = None;
+        }
+        replayed
+    }
+
     /// Applies one decoded ADDED / MODIFIED / DELETED event; returns what it
     /// did to the cache.
     pub fn on_event(&mut self, kind: WatchEventKind, obj: T) -> Outcome<T> {
@@ -155,15 +186,7 @@ impl<T: Cached> WatchCore<T> {
         if fell_back && !opaque {
             self.observer.opaque_rv(self.resource());
         }
-        let replayed = self.replay_until.as_deref().is_some_and(|until| {
-            matches!(
-                compare_rv(&rv, until),
-                Some(std::cmp::Ordering::Less | std::cmp::Ordering::Equal)
-            )
-        });
-        if !replayed {
-            self.replay_until = None;
-        }
+        let replayed = self.note_replay(&rv);
         match &outcome {
             Outcome::Applied(change) => {
                 self.emit(change.clone());

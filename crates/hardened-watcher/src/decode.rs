@@ -41,14 +41,19 @@ impl RawMeta {
             return None;
         }
         let only: MetaOnly = serde_json::from_str(obj.get()).ok()?;
-        let meta = only.metadata?;
-        Some(Self {
+        only.metadata?.into_raw_meta()
+    }
+}
+
+impl MetaFields {
+    fn into_raw_meta(self) -> Option<RawMeta> {
+        Some(RawMeta {
             key: ObjectKey {
-                namespace: meta.namespace.0.unwrap_or_default(),
-                name: meta.name.0?,
+                namespace: self.namespace.0.unwrap_or_default(),
+                name: self.name.0?,
             },
-            uid: meta.uid.0.unwrap_or_default(),
-            resource_version: meta.resource_version.0.unwrap_or_default(),
+            uid: self.uid.0.unwrap_or_default(),
+            resource_version: self.resource_version.0.unwrap_or_default(),
         })
     }
 }
@@ -343,6 +348,98 @@ pub fn parse_watch_line(line: &str) -> WatchLine<'_> {
     WatchLine::Object(kind, event.object)
 }
 
+/// The metadata of an ADDED or MODIFIED event's object, read from the start
+/// of its JSON watch line and no further than the end of the object's
+/// `metadata`: kube-apiserver writes `type` before `object`, and `metadata`
+/// before the object's other fields. `None` for any other event, and for a
+/// line not so ordered (or not well formed up to there): those are read
+/// whole. The watcher uses it to pass over an event that brings the state
+/// its cache already holds (our own write coming back) without decoding it.
+pub fn peek_watch_line(line: &str) -> Option<(WatchEventKind, RawMeta)> {
+    let mut peek = Peek::default();
+    // Every path ends in an error that stops the parser where it is; what
+    // was read before is in `peek`.
+    let _ = de::DeserializeSeed::deserialize(
+        PeekEvent(&mut peek),
+        &mut serde_json::Deserializer::from_str(line),
+    );
+    peek.kind.zip(peek.meta)
+}
+
+#[derive(Default)]
+struct Peek {
+    kind: Option<WatchEventKind>,
+    meta: Option<RawMeta>,
+}
+
+/// The error that ends a peek.
+fn enough<E: de::Error>() -> E {
+    E::custom("peek: read as far as needed")
+}
+
+struct PeekEvent<'p>(&'p mut Peek);
+
+impl<'de> de::DeserializeSeed<'de> for PeekEvent<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, de: D) -> Result<(), D::Error> {
+        de.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for PeekEvent<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a watch event")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while let Some(key) = map.next_key::<&str>()? {
+            match key {
+                "type" => {
+                    self.0.kind = match map.next_value::<&str>()? {
+                        "ADDED" => Some(WatchEventKind::Added),
+                        "MODIFIED" => Some(WatchEventKind::Modified),
+                        _ => None,
+                    };
+                    if self.0.kind.is_none() {
+                        return Err(enough());
+                    }
+                }
+                "object" if self.0.kind.is_some() => {
+                    return map.next_value_seed(PeekObject(self.0));
+                }
+                _ => return Err(enough()),
+            }
+        }
+        Err(enough())
+    }
+}
+
+struct PeekObject<'p>(&'p mut Peek);
+
+impl<'de> de::DeserializeSeed<'de> for PeekObject<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, de: D) -> Result<(), D::Error> {
+        de.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for PeekObject<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while let Some(key) = map.next_key::<&str>()? {
+            if key == "metadata" {
+                self.0.meta = map.next_value::<MetaFields>()?.into_raw_meta();
+                return Err(enough());
+            }
+            map.next_value::<IgnoredAny>()?;
+        }
+        Err(enough())
+    }
+}
+
 fn not_an_event(line: &str, error: String) -> WatchLine<'_> {
     match serde_json::from_str::<Box<kube::core::Status>>(line) {
         Ok(status) if status.code != 0 => WatchLine::Status(status),
@@ -428,6 +525,52 @@ mod tests {
         let reject = |_: Service| -> Option<String> { None };
         let out = decode_object::<Service, String>(&raw(good_service()), &reject);
         assert!(matches!(out, Err(Undecodable { meta: Some(_), .. })));
+    }
+
+    #[test]
+    fn peek_reads_type_and_metadata_from_the_start_of_the_line() {
+        let meta = RawMeta {
+            key: ObjectKey::new("ns", "a"),
+            uid: "u1".to_owned(),
+            resource_version: "12".to_owned(),
+        };
+        let line = r#"{"type":"MODIFIED","object":{"kind":"Endpoints","apiVersion":"v1","metadata":{"name":"a","namespace":"ns","uid":"u1","resourceVersion":"12","managedFields":[{"manager":"m","fieldsV1":{"f:subsets":{}}}]},"subsets":[{"addresses":[{"ip":"10.0.0.1"}]}]}}"#;
+        assert_eq!(
+            peek_watch_line(line),
+            Some((WatchEventKind::Modified, meta.clone()))
+        );
+        let added = line.replace("MODIFIED", "ADDED");
+        assert_eq!(
+            peek_watch_line(&added),
+            Some((WatchEventKind::Added, meta.clone()))
+        );
+        // Nothing after the metadata is read: a broken tail does not matter
+        // (the whole read that follows, if any, finds it).
+        let cut = &line[..line.find(r#""subsets""#).expect("subsets")];
+        assert_eq!(
+            peek_watch_line(cut),
+            Some((WatchEventKind::Modified, meta))
+        );
+    }
+
+    #[test]
+    fn peek_declines_other_events_and_other_orders() {
+        let object = r#"{"metadata":{"name":"a","uid":"u1","resourceVersion":"12"}}"#;
+        for line in [
+            format!(r#"{{"type":"DELETED","object":{object}}}"#),
+            format!(r#"{{"type":"BOOKMARK","object":{object}}}"#),
+            // `object` before `type` (a re-serializing proxy): read whole.
+            format!(r#"{{"object":{object},"type":"MODIFIED"}}"#),
+            // No name: nothing to look up.
+            r#"{"type":"MODIFIED","object":{"metadata":{"uid":"u1"}}}"#.to_owned(),
+            r#"{"type":"MODIFIED","object":[1]}"#.to_owned(),
+            r#"{"type":"MODIFIED","object":{"spec":{}}}"#.to_owned(),
+            r#"{"kind":"Status","code":500}"#.to_owned(),
+            "[1, 2]".to_owned(),
+            String::new(),
+        ] {
+            assert_eq!(peek_watch_line(&line), None, "{line}");
+        }
     }
 
     #[test]

@@ -15,7 +15,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::core::{Sink, Step, WatchCore};
-use super::decode::{WatchInput, decode_object, parse_watch_line};
+use super::decode::{WatchInput, decode_object, parse_watch_line, peek_watch_line};
 use super::error::WatchError;
 use super::list::{
     ListBody, check_status, content_type, decode_page, fetch_page, fetch_page_either, page_rv,
@@ -348,6 +348,14 @@ where
                     self.core.input_arrived(Instant::now());
                     let project = &self.project;
                     let input = match (chunk, self.protobuf) {
+                        // Our own write coming back (the cache already
+                        // holds its answer): known from the metadata.
+                        (Chunk::Line(line), _)
+                            if peek_watch_line(&line)
+                                .is_some_and(|(_, meta)| self.core.on_known_event(&meta)) =>
+                        {
+                            continue;
+                        }
                         (Chunk::Line(line), _) => parse_watch_line(&line)
                             .decode(|raw| decode_object::<K, T>(raw, project)),
                         (Chunk::Frame(frame), Some(decode)) => {

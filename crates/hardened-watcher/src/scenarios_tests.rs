@@ -503,3 +503,38 @@ fn case10_an_unanswered_dispute_changes_nothing() {
     let diff = apply_list(&mut h.store.write(), vec![obj("a", "ua", "100")], "900");
     assert_eq!(diff.disputes.len(), 1);
 }
+
+/// Our own write coming back on the watch: an event read only as far as its
+/// metadata is the whole event when the cache holds exactly that state (the
+/// resume point moves, nothing is delivered), and is decoded otherwise.
+#[test]
+fn an_event_known_from_its_metadata_moves_the_resume_point_only() {
+    use super::decode::RawMeta;
+    let meta = |uid: &str, rv: &str| RawMeta {
+        key: key("web"),
+        uid: uid.to_owned(),
+        resource_version: rv.to_owned(),
+    };
+    let mut h = Harness::synced_with(vec![obj("web", "u1", "100")], "100");
+    h.event(Modified, obj("web", "u1", "140"));
+    // The answer to our write, cached before its event arrives.
+    let stamp = h.store.read_stamp();
+    h.store.restore(obj("web", "u1", "145"), &stamp);
+    assert_eq!(h.core.machine().resume_rv(), Some("140"));
+    let delivered = h.changes().len();
+    assert!(h.core.on_known_event(&meta("u1", "145")));
+    assert_eq!(h.changes().len(), delivered, "nothing delivered");
+    assert_eq!(h.data("web").as_deref(), Some("web@145"));
+    assert_eq!(h.core.machine().resume_rv(), Some("145"));
+    // Another RV, another incarnation, an unknown key: decode and apply.
+    for other in [meta("u1", "150"), meta("u1", "140"), meta("u2", "145")] {
+        assert!(!h.core.on_known_event(&other), "{other:?}");
+    }
+    let unknown = RawMeta {
+        key: key("new"),
+        ..meta("u3", "160")
+    };
+    assert!(!h.core.on_known_event(&unknown));
+    assert_eq!(h.core.machine().resume_rv(), Some("145"));
+    assert!(h.stale().is_empty());
+}
