@@ -92,7 +92,10 @@ pub async fn start(
     clients: Clients,
     shutdown: signal::Receiver<bool>,
 ) -> Result<(Running, impl Future<Output = ()>)> {
-    let Clients { main: client, reads } = clients;
+    let Clients {
+        main: client,
+        reads,
+    } = clients;
     let metrics = Arc::new(Metrics::new()?);
     let controllers = cfg.controller_set();
     let stores = Stores::for_controllers(controllers);

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use kube::Client;
-use kube::client::{ClientBuilder, DynBody};
 use kube::api::ListParams;
+use kube::client::{ClientBuilder, DynBody};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use crate::config::{Config, Mode};
@@ -135,9 +135,8 @@ fn multiplexed(config: &kube::Config) -> kube::Result<Option<ClientBuilder<Gener
         .https_or_http();
     let tls = match &config.tls_server_name {
         Some(name) => {
-            let name = rustls_pki_types::ServerName::try_from(name.clone()).map_err(|e| {
-                kube::Error::Service(format!("tls-server-name {name}: {e}").into())
-            })?;
+            let name = rustls_pki_types::ServerName::try_from(name.clone())
+                .map_err(|e| kube::Error::Service(format!("tls-server-name {name}: {e}").into()))?;
             tls.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name))
         }
         None => tls,
@@ -155,8 +154,10 @@ fn multiplexed(config: &kube::Config) -> kube::Result<Option<ClientBuilder<Gener
         .boxed()
         .map_response(|answer: http::Response<hyper::body::Incoming>| {
             answer.map(|body| {
-                Box::new(http_body_util::BodyExt::map_err(body, tower::BoxError::from))
-                    as Box<DynBody>
+                Box::new(http_body_util::BodyExt::map_err(
+                    body,
+                    tower::BoxError::from,
+                )) as Box<DynBody>
             })
         })
         .layer(config.base_uri_layer())

@@ -484,9 +484,12 @@ async fn read_meta<K: kinds::Kind>(
     ctx: &Context,
     key: &ObjectKey,
 ) -> Result<LiveRead<LiveMeta>, kube::Error> {
-    tokio::time::timeout(READ_TIMEOUT, live::get_meta::<K::Object>(&ctx.reads, &(), key))
-        .await
-        .unwrap_or_else(|_| Err(timed_out()))
+    tokio::time::timeout(
+        READ_TIMEOUT,
+        live::get_meta::<K::Object>(&ctx.reads, &(), key),
+    )
+    .await
+    .unwrap_or_else(|_| Err(timed_out()))
 }
 
 fn timed_out() -> kube::Error {

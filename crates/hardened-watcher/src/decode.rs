@@ -547,10 +547,7 @@ mod tests {
         // Nothing after the metadata is read: a broken tail does not matter
         // (the whole read that follows, if any, finds it).
         let cut = &line[..line.find(r#""subsets""#).expect("subsets")];
-        assert_eq!(
-            peek_watch_line(cut),
-            Some((WatchEventKind::Modified, meta))
-        );
+        assert_eq!(peek_watch_line(cut), Some((WatchEventKind::Modified, meta)));
     }
 
     #[test]
