@@ -20,7 +20,6 @@ use crate::reconcile::latency::WriteTimer;
 use crate::reconcile::queue::{Retry, Taken};
 use crate::reconcile::{Context, Stores, Work, enqueue_all, ghost_scan, resync, slice_sync, sync};
 use crate::shutdown::stopped;
-use crate::startup::Clients;
 use crate::{metrics_auth, server, tls};
 use hardened_watcher::{Change, WatchObserver, Watcher};
 
@@ -89,13 +88,9 @@ pub struct Running {
 /// the controller has stopped after `shutdown` turned true.
 pub async fn start(
     cfg: Config,
-    clients: Clients,
+    client: Client,
     shutdown: signal::Receiver<bool>,
 ) -> Result<(Running, impl Future<Output = ()>)> {
-    let Clients {
-        main: client,
-        reads,
-    } = clients;
     let metrics = Arc::new(Metrics::new()?);
     let controllers = cfg.controller_set();
     let stores = Stores::for_controllers(controllers);
@@ -107,7 +102,6 @@ pub async fn start(
         crate::leader::Leadership::start(&cfg, &client, metrics.clone(), shutdown.clone())?;
     let ctx = Arc::new(Context {
         client: client.clone(),
-        reads,
         metrics: metrics.clone(),
         recorder: Recorder::new(client.clone(), reporter),
         mode: cfg.mode,

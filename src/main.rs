@@ -61,10 +61,10 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     }
     cfg.validate()
         .map_err(|why| anyhow::anyhow!("configuration: {why}"))?;
-    let clients = startup::clients(&cfg).await?;
-    startup::preflight(&clients.main, &cfg).await?;
+    let client = startup::client(&cfg).await?;
+    startup::preflight(&client, &cfg).await?;
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    let (_running, done) = controller::start(cfg, clients, shutdown_rx)
+    let (_running, done) = controller::start(cfg, client, shutdown_rx)
         .await
         .context("starting the controller")?;
     let done = tokio::spawn(done);

@@ -2,12 +2,9 @@
 //! `--kube-api-burst`): a token bucket in front of the kube client's HTTP
 //! stack, as client-go's. The client serves every request through one buffer
 //! worker, which waits in [`RateLimit::poll_ready`] until a token is there.
-//! Every service one layer makes draws on the layer's one bucket, so the
-//! controller's two clients (`crate::startup::Clients`) share the limit.
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -49,18 +46,17 @@ impl Bucket {
     }
 }
 
-/// Wraps a service in a [`RateLimit`] drawing on the layer's bucket.
-#[derive(Debug, Clone)]
+/// Wraps a service in a [`RateLimit`].
+#[derive(Debug, Clone, Copy)]
 pub struct RateLimitLayer {
-    bucket: Arc<Mutex<Bucket>>,
+    qps: f64,
+    burst: u32,
 }
 
 impl RateLimitLayer {
     /// `None` for `qps` 0 (or anything not above 0): no limit.
     pub fn new(qps: f64, burst: u32) -> Option<Self> {
-        (qps > 0.0 && qps.is_finite()).then(|| Self {
-            bucket: Arc::new(Mutex::new(Bucket::new(qps, burst, Instant::now()))),
-        })
+        (qps > 0.0 && qps.is_finite()).then_some(Self { qps, burst })
     }
 }
 
@@ -70,7 +66,7 @@ impl<S> Layer<S> for RateLimitLayer {
     fn layer(&self, inner: S) -> RateLimit<S> {
         RateLimit {
             inner,
-            bucket: Arc::clone(&self.bucket),
+            bucket: Bucket::new(self.qps, self.burst, Instant::now()),
             token: false,
             sleep: None,
         }
@@ -81,7 +77,7 @@ impl<S> Layer<S> for RateLimitLayer {
 /// request (held from `poll_ready` to `call`).
 pub struct RateLimit<S> {
     inner: S,
-    bucket: Arc<Mutex<Bucket>>,
+    bucket: Bucket,
     token: bool,
     sleep: Option<Pin<Box<Sleep>>>,
 }
@@ -102,13 +98,7 @@ where
                 }
                 self.sleep = None;
             }
-            // A panic while holding the lock leaves a consistent bucket.
-            let taken = self
-                .bucket
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take(Instant::now());
-            match taken {
+            match self.bucket.take(Instant::now()) {
                 Ok(()) => self.token = true,
                 Err(wait) => self.sleep = Some(Box::pin(tokio::time::sleep(wait))),
             }
@@ -196,25 +186,6 @@ mod tests {
         assert!(
             start.elapsed() >= Duration::from_millis(95),
             "5 requests past the burst at 50/s took {:?}",
-            start.elapsed()
-        );
-    }
-
-    /// Two services of one layer (the controller's two clients) spend one
-    /// bucket: a burst of 2 between them, then the rate.
-    #[tokio::test]
-    async fn services_of_one_layer_share_its_bucket() {
-        let layer = RateLimitLayer::new(50.0, 2).expect("qps above 0");
-        let mut first = layer.layer(Clock);
-        let mut second = layer.layer(Clock);
-        let start = Instant::now();
-        send(&mut first).await;
-        send(&mut second).await;
-        send(&mut first).await;
-        send(&mut second).await;
-        assert!(
-            start.elapsed() >= Duration::from_millis(35),
-            "2 requests past the shared burst at 50/s took {:?}",
             start.elapsed()
         );
     }

@@ -156,15 +156,8 @@ const MIN_QPS: f64 = 1.0;
 /// `eg-readcost`, docs/bench.md); a round delays a read by at most this.
 const ROUND: Duration = Duration::from_secs(5);
 
-/// The most reads of a round in flight at once. On HTTP/2 (the reads
-/// client, `crate::startup::Clients`) they are streams of one connection,
-/// and the more of them cross it together the less each costs; on HTTP/1.1
-/// (through a proxy, or a server without h2) each holds a connection.
-const ROUND_CONCURRENCY: usize = 32;
-
-/// A read that has not been answered in this long is given up (the next
-/// pass reads its target again); the reads client has no socket timeout.
-const READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// The most reads of a round in flight at once (each holds a connection).
+const ROUND_CONCURRENCY: usize = 4;
 
 /// How the scan spends its reads.
 #[derive(Clone, Copy, Debug)]
@@ -484,16 +477,7 @@ async fn read_meta<K: kinds::Kind>(
     ctx: &Context,
     key: &ObjectKey,
 ) -> Result<LiveRead<LiveMeta>, kube::Error> {
-    tokio::time::timeout(
-        READ_TIMEOUT,
-        live::get_meta::<K::Object>(&ctx.reads, &(), key),
-    )
-    .await
-    .unwrap_or_else(|_| Err(timed_out()))
-}
-
-fn timed_out() -> kube::Error {
-    kube::Error::Service(format!("no answer within {READ_TIMEOUT:?}").into())
+    live::get_meta::<K::Object>(&ctx.client, &(), key).await
 }
 
 /// The cache still holds an older state of `target` than etcd: reads it
@@ -523,11 +507,7 @@ async fn repair_as<K: kinds::Kind>(
 ) -> Result<bool, kube::Error> {
     let store = K::store(&ctx.stores);
     let stamp = store.read_stamp();
-    let read = live::get::<K::Object>(&ctx.reads, &(), &target.key);
-    let LiveRead::Found(obj) = tokio::time::timeout(READ_TIMEOUT, read)
-        .await
-        .unwrap_or_else(|_| Err(timed_out()))?
-    else {
+    let LiveRead::Found(obj) = live::get::<K::Object>(&ctx.client, &(), &target.key).await? else {
         return Ok(false);
     };
     let Some(cached) = K::project(obj).filter(|c| c.uid() == target.uid) else {

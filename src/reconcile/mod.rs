@@ -155,8 +155,6 @@ impl Work {
 /// Everything a reconcile needs, shared by the workers.
 pub struct Context {
     pub client: kube::Client,
-    /// The ghost scan's client (`crate::startup::Clients::reads`).
-    pub reads: kube::Client,
     pub metrics: Arc<Metrics>,
     pub recorder: Recorder,
     pub mode: Mode,

@@ -24,7 +24,6 @@ pub fn context_with(client: kube::Client) -> Context {
                 instance: None,
             },
         ),
-        reads: client.clone(),
         client,
         metrics: Arc::new(Metrics::new().unwrap_or_else(|err| panic!("metrics: {err}"))),
         mode: Mode::Enforce,

@@ -8,7 +8,6 @@ use clap::Parser;
 use eg_harness::{ControlPlane, ready_ips};
 use endpoints_guard::config::Config;
 use endpoints_guard::controller::{self, Running};
-use endpoints_guard::startup::{self, Clients};
 use k8s_openapi::api::core::v1::Endpoints;
 use kube::Api;
 use tokio::sync::watch;
@@ -28,22 +27,6 @@ impl Guard {
     /// `RUST_LOG` filter, e.g. `endpoints_guard=info`), its log goes to the
     /// test's output.
     pub async fn start(client: kube::Client, args: &[&str]) -> anyhow::Result<Guard> {
-        Self::launch(Some(Clients::single(client)), args).await
-    }
-
-    /// Like [`Guard::start`], with the clients built from `kubeconfig` as the
-    /// binary builds them (`startup::clients`: the ghost scan on HTTP/2).
-    pub async fn start_with_kubeconfig(
-        kubeconfig: &std::path::Path,
-        args: &[&str],
-    ) -> anyhow::Result<Guard> {
-        let path = kubeconfig.display().to_string();
-        let mut argv = vec!["--kubeconfig", path.as_str()];
-        argv.extend_from_slice(args);
-        Self::launch(None, &argv).await
-    }
-
-    async fn launch(clients: Option<Clients>, args: &[&str]) -> anyhow::Result<Guard> {
         if let Ok(filter) = std::env::var("EG_TEST_LOG") {
             // One subscriber per process: the first Guard of any test installs
             // it, and every later one logs through it.
@@ -59,11 +42,7 @@ impl Guard {
         argv.extend_from_slice(args);
         let cfg = Config::try_parse_from(argv)?;
         let (tx, rx) = watch::channel(false);
-        let clients = match clients {
-            Some(clients) => clients,
-            None => startup::clients(&cfg).await?,
-        };
-        let (running, done) = controller::start(cfg, clients, rx).await?;
+        let (running, done) = controller::start(cfg, client, rx).await?;
         Ok(Guard {
             running,
             shutdown: tx,

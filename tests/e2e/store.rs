@@ -33,8 +33,7 @@ impl Env {
             vec!["--resync-interval", "10s"]
         };
         argv.extend_from_slice(args);
-        // The binary's clients: the ghost rows below read over HTTP/2.
-        let guard = Guard::start_with_kubeconfig(cp.kubeconfig_path(), &argv).await?;
+        let guard = Guard::start(cp.client(), &argv).await?;
         let observer = Observer::start(&cp.client(), NS);
         Ok(Self {
             cp,
@@ -259,25 +258,9 @@ async fn a_delete_lost_in_the_watch_cache_is_found_by_reads_from_etcd() -> Resul
         took <= Duration::from_secs(40),
         "finding the ghost took {took:?}"
     );
-    // Those reads crossed HTTP/2, as the binary's do; everything else HTTP/1.1.
-    let context = &env.guard.running.context;
-    ensure!(
-        http_version(&context.reads).await? == http::Version::HTTP_2,
-        "the ghost scan's client did not negotiate HTTP/2"
-    );
-    ensure!(
-        http_version(&context.client).await? == http::Version::HTTP_11,
-        "the main client is kube's, HTTP/1.1"
-    );
     env.assert_no_spurious_deletions();
     env.guard.stop().await;
     Ok(())
-}
-
-/// The HTTP version `client` gets an answer to GET /version in.
-async fn http_version(client: &kube::Client) -> Result<http::Version> {
-    let request = http::Request::get("/version").body(kube::client::Body::empty())?;
-    Ok(client.send(request).await?.version())
 }
 
 /// Endpoints writes are denied (a ValidatingAdmissionPolicy) longer than the

@@ -5,17 +5,13 @@
 //!
 //! ```text
 //! eg-readcost [--rate READS_PER_S] [--secs N] [--pods N] [--runtime multi|current]
-//!             [--client kube|scan]
 //! ```
 //!
 //! Phases, each `--secs` long: idle (no reads), spaced (one read every
 //! 1/rate s), burst (every second, `rate` reads one after the other), and
 //! concurrent (every second, `rate` reads at once). CPU is the process's
 //! user + system time from `/proc/self/stat`, so it includes the kernel's
-//! share of every socket operation and thread wake-up. `--client kube`
-//! (the default) reads through kube's client, HTTP/1.1 with a connection per
-//! read in flight; `--client scan` through the ghost scan's
-//! (`endpoints_guard::startup::Clients::reads`), HTTP/2.
+//! share of every socket operation and thread wake-up.
 
 use std::time::{Duration, Instant};
 
@@ -32,8 +28,6 @@ struct Options {
     secs: u64,
     pods: u32,
     current_thread: bool,
-    /// The ghost scan's client (HTTP/2) instead of kube's (HTTP/1.1).
-    scan_client: bool,
 }
 
 fn parse() -> Result<Options> {
@@ -42,7 +36,6 @@ fn parse() -> Result<Options> {
         secs: 20,
         pods: 100,
         current_thread: false,
-        scan_client: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -53,13 +46,6 @@ fn parse() -> Result<Options> {
             "--rate" => opts.rate = value.parse().context("--rate")?,
             "--secs" => opts.secs = value.parse().context("--secs")?,
             "--pods" => opts.pods = value.parse().context("--pods")?,
-            "--client" => {
-                opts.scan_client = match value.as_str() {
-                    "kube" => false,
-                    "scan" => true,
-                    other => bail!("--client {other}: kube or scan"),
-                }
-            }
             "--runtime" => {
                 opts.current_thread = match value.as_str() {
                     "multi" => false,
@@ -68,7 +54,7 @@ fn parse() -> Result<Options> {
                 }
             }
             other => bail!(
-                "unknown flag {other}; usage: eg-readcost [--rate N] [--secs N] [--pods N] [--runtime multi|current] [--client kube|scan]"
+                "unknown flag {other}; usage: eg-readcost [--rate N] [--secs N] [--pods N] [--runtime multi|current]"
             ),
         }
     }
@@ -180,16 +166,11 @@ async fn run(opts: Options) -> Result<()> {
         .await?;
         keys.push(name);
     }
-    let client = if opts.scan_client {
-        controller_reads_client(cp.kubeconfig_path()).await?
-    } else {
-        cp.client()
-    };
-    let pods: Api<Pod> = Api::namespaced(client, NS);
+    let pods: Api<Pod> = Api::namespaced(cp.client(), NS);
     // One read first: the connection is open before anything is measured.
     read(&pods, &keys[0]).await?;
     println!(
-        "{} pods, {} reads/s, {} s a phase, {} runtime, {} client",
+        "{} pods, {} reads/s, {} s a phase, {} runtime",
         opts.pods,
         opts.rate,
         opts.secs,
@@ -197,11 +178,6 @@ async fn run(opts: Options) -> Result<()> {
             "current-thread"
         } else {
             "multi-thread"
-        },
-        if opts.scan_client {
-            "the ghost scan's (HTTP/2)"
-        } else {
-            "kube's (HTTP/1.1)"
         }
     );
     for pacing in [
@@ -213,19 +189,6 @@ async fn run(opts: Options) -> Result<()> {
         phase(&pods, &keys, pacing, &opts).await?;
     }
     Ok(())
-}
-
-/// The controller's clients from `kubeconfig` (`startup::clients`); the
-/// ghost scan reads through `reads`, over HTTP/2.
-async fn controller_reads_client(kubeconfig: &std::path::Path) -> Result<kube::Client> {
-    use clap::Parser;
-    let path = kubeconfig.display().to_string();
-    let cfg = endpoints_guard::config::Config::try_parse_from([
-        "endpoints-guard",
-        "--kubeconfig",
-        path.as_str(),
-    ])?;
-    Ok(endpoints_guard::startup::clients(&cfg).await?.reads)
 }
 
 fn main() -> Result<()> {
