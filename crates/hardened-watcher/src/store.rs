@@ -235,10 +235,12 @@ impl<T: Cached> Store<T> {
         self.write().apply_event(kind, obj)
     }
 
-    /// Decodes one line of a WATCH response with the watcher's own decoder,
-    /// projects its object with `project` and applies it as
-    /// [`Store::apply_watch_event`] does. `None` for a line that is no
-    /// object event, or whose object cannot be decoded or projected.
+    /// Takes one line of a WATCH response as the watcher does: an event
+    /// whose metadata shows the state the cache holds is Unchanged without
+    /// being decoded; any other is decoded with the watcher's own decoder,
+    /// projected with `project` and applied as [`Store::apply_watch_event`]
+    /// does. `None` for a line that is no object event, or whose object
+    /// cannot be decoded or projected.
     #[cfg(any(test, feature = "testing"))]
     pub fn apply_watch_line<K>(
         &self,
@@ -248,6 +250,11 @@ impl<T: Cached> Store<T> {
     where
         K: serde::de::DeserializeOwned,
     {
+        if let Some((_, meta)) = super::decode::peek_watch_line(line)
+            && self.write().apply_unchanged_event(&meta)
+        {
+            return Some(Outcome::Unchanged);
+        }
         let super::decode::WatchLine::Object(kind, raw) = super::decode::parse_watch_line(line)
         else {
             return None;
