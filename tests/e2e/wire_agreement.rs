@@ -7,7 +7,8 @@
 //! through the WATCH path (pods made and changed while they watch) and the
 //! LIST path (two more watchers started afterwards). Each cached pod, and
 //! each change delivered, must be the same for both, and the same as the
-//! projection of the whole typed Pod.
+//! projection of the whole typed Pod. And a real JSON watch line is in the
+//! order the watcher's metadata-first read relies on.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -314,5 +315,57 @@ async fn protobuf_and_json_decode_the_same_pods() -> Result<()> {
     assert_eq!(json_list.cached(), whole);
     assert_eq!(proto_list.cached(), whole);
     assert_eq!(proto_list.changes(), json_list.changes());
+    Ok(())
+}
+
+/// kube-apiserver writes a watch line's `type` before its `object`, and an
+/// object's `metadata` before its other fields: the order the watcher relies
+/// on to read our own write coming back no further than its metadata
+/// (`peek_watch_line`; a line in another order is decoded whole). Checked on
+/// a real Endpoints watch line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_watch_line_is_read_to_its_metadata() -> Result<()> {
+    use k8s_openapi::api::core::v1::Endpoints;
+    use kube::api::WatchParams;
+
+    let cp = ControlPlane::start(ControlPlaneOptions::default()).await?;
+    let api: Api<Endpoints> = Api::namespaced(cp.client(), "default");
+    let endpoints = |ip: &str| -> Result<Endpoints> {
+        Ok(serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "peek", "labels": {"app": "peek"}},
+            "subsets": [{"addresses": [{"ip": ip}], "ports": [{"port": 80}]}],
+        }))?)
+    };
+    let created = api
+        .create(&PostParams::default(), &endpoints("10.0.0.1")?)
+        .await?;
+    let from = created
+        .metadata
+        .resource_version
+        .clone()
+        .context("no resourceVersion")?;
+    let mut changed = endpoints("10.0.0.2")?;
+    changed.metadata.resource_version = Some(from.clone());
+    let updated = api
+        .replace("peek", &PostParams::default(), &changed)
+        .await?;
+    // The events after `from`, then the server ends the watch.
+    let request = kube::core::Request::new("/api/v1/namespaces/default/endpoints")
+        .watch(&WatchParams::default().timeout(1), &from)?;
+    let text = cp.client().request_text(request).await?;
+    let line = text.lines().next().context("no watch event")?;
+    let (kind, meta) = hardened_watcher::peek_watch_line(line)
+        .with_context(|| format!("the metadata-first read declined a real line: {line}"))?;
+    ensure!(
+        kind == hardened_watcher::WatchEventKind::Modified,
+        "{kind:?}"
+    );
+    ensure!(meta.key == ObjectKey::new("default", "peek"), "{meta:?}");
+    ensure!(
+        Some(&meta.uid) == updated.metadata.uid.as_ref()
+            && Some(&meta.resource_version) == updated.metadata.resource_version.as_ref(),
+        "read {meta:?}, the update answered {:?}",
+        updated.metadata
+    );
     Ok(())
 }

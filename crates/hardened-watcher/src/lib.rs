@@ -23,6 +23,10 @@ mod rv;
 mod store;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+/// How the watcher reads a JSON watch line's metadata first, for tests on a
+/// real API server (feature `testing`).
+#[cfg(any(test, feature = "testing"))]
+pub use decode::{RawMeta, peek_watch_line};
 
 pub use builder::WatcherBuilder;
 pub use cache::{Cache, ReadStamp, Restored};
