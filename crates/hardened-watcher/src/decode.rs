@@ -41,19 +41,14 @@ impl RawMeta {
             return None;
         }
         let only: MetaOnly = serde_json::from_str(obj.get()).ok()?;
-        only.metadata?.into_raw_meta()
-    }
-}
-
-impl MetaFields {
-    fn into_raw_meta(self) -> Option<RawMeta> {
-        Some(RawMeta {
+        let meta = only.metadata?;
+        Some(Self {
             key: ObjectKey {
-                namespace: self.namespace.0.unwrap_or_default(),
-                name: self.name.0?,
+                namespace: meta.namespace.0.unwrap_or_default(),
+                name: meta.name.0?,
             },
-            uid: self.uid.0.unwrap_or_default(),
-            resource_version: self.resource_version.0.unwrap_or_default(),
+            uid: meta.uid.0.unwrap_or_default(),
+            resource_version: meta.resource_version.0.unwrap_or_default(),
         })
     }
 }
@@ -349,27 +344,60 @@ pub fn parse_watch_line(line: &str) -> WatchLine<'_> {
 }
 
 /// The metadata of an ADDED or MODIFIED event's object, read from the start
-/// of its JSON watch line and no further than the end of the object's
-/// `metadata`: kube-apiserver writes `type` before `object`, and `metadata`
-/// before the object's other fields. `None` for any other event, and for a
-/// line not so ordered (or not well formed up to there): those are read
-/// whole. The watcher uses it to pass over an event that brings the state
-/// its cache already holds (our own write coming back) without decoding it.
+/// of its JSON watch line and no further than the object's resourceVersion:
+/// kube-apiserver writes `type` before `object`, `metadata` before the
+/// object's other fields, and name, namespace, uid and resourceVersion before
+/// the rest of the metadata (labels, managedFields...). `None` for any other
+/// event, and for a line not so ordered (or not well formed up to there):
+/// those are read whole. The watcher uses it to pass over an event that
+/// brings the state its cache already holds (our own write coming back)
+/// without decoding it; on any other event it has read a few fields.
 pub fn peek_watch_line(line: &str) -> Option<(WatchEventKind, RawMeta)> {
     let mut peek = Peek::default();
     // Every path ends in an error that stops the parser where it is; what
     // was read before is in `peek`.
     let _ = de::DeserializeSeed::deserialize(
-        PeekEvent(&mut peek),
+        PeekAt {
+            peek: &mut peek,
+            level: Level::Event,
+        },
         &mut serde_json::Deserializer::from_str(line),
     );
-    peek.kind.zip(peek.meta)
+    Some((
+        peek.kind?,
+        RawMeta {
+            key: ObjectKey {
+                namespace: peek.namespace.unwrap_or_default(),
+                name: peek.name?,
+            },
+            uid: peek.uid.unwrap_or_default(),
+            resource_version: peek.resource_version.unwrap_or_default(),
+        },
+    ))
 }
 
+/// What a peek has read; the metadata fields only from the object's
+/// `metadata`.
 #[derive(Default)]
 struct Peek {
     kind: Option<WatchEventKind>,
-    meta: Option<RawMeta>,
+    name: Option<String>,
+    namespace: Option<String>,
+    uid: Option<String>,
+    resource_version: Option<String>,
+}
+
+/// Which JSON object of the line a [`PeekAt`] reads.
+#[derive(Clone, Copy)]
+enum Level {
+    Event,
+    Object,
+    Metadata,
+}
+
+struct PeekAt<'p> {
+    peek: &'p mut Peek,
+    level: Level,
 }
 
 /// The error that ends a peek.
@@ -377,64 +405,60 @@ fn enough<E: de::Error>() -> E {
     E::custom("peek: read as far as needed")
 }
 
-struct PeekEvent<'p>(&'p mut Peek);
-
-impl<'de> de::DeserializeSeed<'de> for PeekEvent<'_> {
+impl<'de> de::DeserializeSeed<'de> for PeekAt<'_> {
     type Value = ();
     fn deserialize<D: Deserializer<'de>>(self, de: D) -> Result<(), D::Error> {
         de.deserialize_map(self)
     }
 }
 
-impl<'de> Visitor<'de> for PeekEvent<'_> {
+impl<'de> Visitor<'de> for PeekAt<'_> {
     type Value = ();
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a watch event")
+        f.write_str("a JSON object")
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let peek = self.peek;
         while let Some(key) = map.next_key::<&str>()? {
-            match key {
-                "type" => {
-                    self.0.kind = match map.next_value::<&str>()? {
+            match (self.level, key) {
+                (Level::Event, "type") => {
+                    peek.kind = match map.next_value::<&str>()? {
                         "ADDED" => Some(WatchEventKind::Added),
                         "MODIFIED" => Some(WatchEventKind::Modified),
-                        _ => None,
+                        _ => return Err(enough()),
                     };
-                    if self.0.kind.is_none() {
+                }
+                (Level::Event, "object") if peek.kind.is_some() => {
+                    return map.next_value_seed(PeekAt {
+                        peek,
+                        level: Level::Object,
+                    });
+                }
+                (Level::Event, _) => return Err(enough()),
+                (Level::Object, "metadata") => {
+                    return map.next_value_seed(PeekAt {
+                        peek,
+                        level: Level::Metadata,
+                    });
+                }
+                (Level::Metadata, "name" | "namespace" | "uid" | "resourceVersion") => {
+                    let value = map.next_value::<LenientStr>()?.0;
+                    match key {
+                        "name" => peek.name = value,
+                        "namespace" => peek.namespace = value,
+                        "uid" => peek.uid = value,
+                        _ => peek.resource_version = value,
+                    }
+                    // The namespace comes before the uid when there is one.
+                    if peek.name.is_some() && peek.uid.is_some() && peek.resource_version.is_some()
+                    {
                         return Err(enough());
                     }
                 }
-                "object" if self.0.kind.is_some() => {
-                    return map.next_value_seed(PeekObject(self.0));
+                (Level::Object | Level::Metadata, _) => {
+                    map.next_value::<IgnoredAny>()?;
                 }
-                _ => return Err(enough()),
             }
-        }
-        Err(enough())
-    }
-}
-
-struct PeekObject<'p>(&'p mut Peek);
-
-impl<'de> de::DeserializeSeed<'de> for PeekObject<'_> {
-    type Value = ();
-    fn deserialize<D: Deserializer<'de>>(self, de: D) -> Result<(), D::Error> {
-        de.deserialize_map(self)
-    }
-}
-
-impl<'de> Visitor<'de> for PeekObject<'_> {
-    type Value = ();
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("an object")
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        while let Some(key) = map.next_key::<&str>()? {
-            if key == "metadata" {
-                self.0.meta = map.next_value::<MetaFields>()?.into_raw_meta();
-                return Err(enough());
-            }
-            map.next_value::<IgnoredAny>()?;
         }
         Err(enough())
     }
@@ -544,9 +568,14 @@ mod tests {
             peek_watch_line(&added),
             Some((WatchEventKind::Added, meta.clone()))
         );
-        // Nothing after the metadata is read: a broken tail does not matter
-        // (the whole read that follows, if any, finds it).
+        // Nothing after the resourceVersion is read: a broken tail does not
+        // matter (the whole read that follows, if any, finds it).
         let cut = &line[..line.find(r#""subsets""#).expect("subsets")];
+        assert_eq!(
+            peek_watch_line(cut),
+            Some((WatchEventKind::Modified, meta.clone()))
+        );
+        let cut = &line[..line.find(r#""managedFields""#).expect("managedFields")];
         assert_eq!(peek_watch_line(cut), Some((WatchEventKind::Modified, meta)));
     }
 
