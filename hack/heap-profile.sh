@@ -26,7 +26,9 @@ command -v zstd >/dev/null || die "zstd is missing (Debian: apt-get install zstd
 rm -rf "$out"
 mkdir -p "$out"
 cd "$root"
-cargo build --release --bin endpoints-guard
+# heaptrack sees only what goes through malloc: build on the system allocator
+# (the shipped binary uses jemalloc, src/main.rs).
+cargo build --release --bin endpoints-guard --no-default-features
 cargo build --release -p eg-tools --bin eg-bench
 
 wrapper="$out/endpoints-guard"

@@ -123,8 +123,8 @@ impl Running {
         self.process.pid().context("the controller is not running")
     }
 
-    pub fn cpu_seconds(&self) -> Result<f64> {
-        procstat::cpu_seconds(self.pid()?)
+    pub fn cpu(&self) -> Result<procstat::CpuSample> {
+        procstat::CpuSample::read(self.pid()?)
     }
 
     pub fn peak_rss_mb(&self) -> Result<f64> {

@@ -115,6 +115,10 @@ impl BenchOptions {
 pub struct Phase {
     pub wall_s: f64,
     pub cpu_s: f64,
+    /// `cpu_s` is whole clock ticks rather than the threads' nanoseconds
+    /// (a thread exited during the phase; see `procstat`).
+    #[serde(default)]
+    pub cpu_from_ticks: bool,
     /// Watch events (ADDED, MODIFIED, DELETED) of the measured kind in the phase.
     pub writes: u64,
     pub requests: BTreeMap<String, u64>,
@@ -386,7 +390,7 @@ impl Bench {
         let mut mark = Mark {
             at: t_cold,
             instant: started,
-            cpu: 0.0,
+            cpu: procstat::CpuSample::default(),
             events: ev0,
         };
         mark = self.close(&mut phases, "cold", mark, &running)?;
@@ -489,12 +493,14 @@ impl Bench {
         let now = Mark {
             at: SystemTime::now(),
             instant: Instant::now(),
-            cpu: running.cpu_seconds()?,
+            cpu: running.cpu()?,
             events: self.obs().events(),
         };
+        let (cpu_s, precise) = now.cpu.since(&mark.cpu);
         let phase = Phase {
             wall_s: now.instant.duration_since(mark.instant).as_secs_f64(),
-            cpu_s: now.cpu - mark.cpu,
+            cpu_s,
+            cpu_from_ticks: !precise,
             writes: now.events - mark.events,
             ..Phase::default()
         };
@@ -544,11 +550,11 @@ impl Bench {
         let mut r = self.start(Controller::Guard, &interval, &log_name)?;
         r.wait_ready(Duration::from_secs(600)).await?;
         let start = Instant::now();
-        let mut samples: Vec<(SystemTime, f64)> = Vec::new();
+        let mut samples: Vec<(SystemTime, procstat::CpuSample)> = Vec::new();
         let (duration_s, end) = loop {
             r.process.ensure_running()?;
             let text = r.metrics().await?;
-            samples.push((SystemTime::now(), r.cpu_seconds()?));
+            samples.push((SystemTime::now(), r.cpu()?));
             let count = procstat::metric(&text, "endpoints_guard_resync_duration_seconds_count");
             if count.unwrap_or(0.0) >= 1.0 {
                 let sum = procstat::metric(&text, "endpoints_guard_resync_duration_seconds_sum");
@@ -560,16 +566,17 @@ impl Bench {
             tokio::time::sleep(Duration::from_millis(100)).await;
         };
         let from = end - Duration::from_secs_f64(duration_s + 0.25);
-        let cpu_end = r.cpu_seconds()?;
+        let cpu_end = r.cpu()?;
         let cpu_start = samples
             .iter()
             .rev()
             .find(|(t, _)| *t <= from)
             .or(samples.first())
-            .map_or(0.0, |(_, c)| *c);
+            .map(|(_, c)| c.clone())
+            .unwrap_or_default();
         let resync = Resync {
             duration_s,
-            cpu_s: cpu_end - cpu_start,
+            cpu_s: cpu_end.since(&cpu_start).0,
             peak_rss_mb: r.peak_rss_mb()?,
             ..Resync::default()
         };
@@ -592,6 +599,6 @@ type PhaseWindow = (String, Phase, SystemTime, SystemTime);
 struct Mark {
     at: SystemTime,
     instant: Instant,
-    cpu: f64,
+    cpu: procstat::CpuSample,
     events: u64,
 }

@@ -430,7 +430,7 @@ pub fn markdown(kind: Kind, runs: &[RunResult]) -> String {
             "churn p99 inside the process, event → write answered (ms)",
             &|p| p.answered_p99_ms,
         );
-        out += &num("CPU, cold+churn+steady (s)", &|r| r.cpu_s, 2);
+        out += &num("CPU, cold+churn+steady (s)", &|r| r.cpu_s, 3);
         out += &num(
             "CPU less the ghost scan's reads (estimate, s)",
             &RunResult::cpu_without_ghost_scan_s,
@@ -489,10 +489,11 @@ pub fn markdown(kind: Kind, runs: &[RunResult]) -> String {
                 if let Some(p) = r.phases.get(name) {
                     let _ = writeln!(
                         out,
-                        "| {} | {name} | {:.1} | {:.2} | {} | {} |",
+                        "| {} | {name} | {:.1} | {:.3}{} | {} | {} |",
                         r.label(),
                         p.wall_s,
                         p.cpu_s,
+                        if p.cpu_from_ticks { " (ticks)" } else { "" },
                         p.writes,
                         requests_text(&p.requests_by_resource)
                     );
@@ -596,7 +597,7 @@ pub fn markdown(kind: Kind, runs: &[RunResult]) -> String {
     }
     let _ = writeln!(
         out,
-        "\nRequests are counted from kube-apiserver's audit log (one ServiceAccount per controller). Writes are {} watch events (ADDED, MODIFIED, DELETED) seen by an independent watch. CPU and peak RSS come from /proc/<pid>/stat and VmHWM. \"Inside the process\" figures are endpoints-guard's `endpoints_guard_event_to_write_seconds` and `_answered_seconds` histograms over churn alone (scraped before and after): from the watch event's arrival to the first write of the reconcile it queued being sent, and to that write's answer; interpolated inside buckets about 19 % wide, as `histogram_quantile` does.",
+        "\nRequests are counted from kube-apiserver's audit log (one ServiceAccount per controller). Writes are {} watch events (ADDED, MODIFIED, DELETED) seen by an independent watch. CPU is the process's threads' time on a CPU in nanoseconds (/proc/<pid>/task/*/schedstat), or its utime + stime in 10 ms clock ticks (/proc/<pid>/stat) where a thread exited during the phase (marked \"(ticks)\"); peak RSS is VmHWM. \"Inside the process\" figures are endpoints-guard's `endpoints_guard_event_to_write_seconds` and `_answered_seconds` histograms over churn alone (scraped before and after): from the watch event's arrival to the first write of the reconcile it queued being sent, and to that write's answer; interpolated inside buckets about 19 % wide, as `histogram_quantile` does.",
         kind.objects()
     );
     out
