@@ -204,9 +204,11 @@ pub struct Config {
     /// One ghost-scan pass over all those objects is spread over this long
     /// (at least one read a second, at most --ghost-scan-qps): a ghost is
     /// found within about this long where the cap does not bind (up to
-    /// 18,000 pods and Services at the defaults), else within objects / qps.
-    /// 0: read as fast as --ghost-scan-qps allows.
-    #[arg(long, env = "EG_GHOST_SCAN_PERIOD", default_value = "15m", value_parser = parse_duration)]
+    /// 36,000 pods and Services at the defaults), else within objects / qps.
+    /// 0: read as fast as --ghost-scan-qps allows. 30 minutes keeps the
+    /// reads' CPU at rest near upstream's idle controller at 11,000 objects
+    /// (docs/bench.md); a shorter period finds a ghost sooner for more reads.
+    #[arg(long, env = "EG_GHOST_SCAN_PERIOD", default_value = "30m", value_parser = parse_duration)]
     pub ghost_scan_period: Duration,
 
     /// Client-side limit of requests a second to the API server (as
