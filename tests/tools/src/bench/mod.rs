@@ -131,6 +131,9 @@ pub struct Resync {
     /// `endpoints_guard_resync_duration_seconds` of the first resync.
     pub duration_s: f64,
     pub cpu_s: f64,
+    /// As [`Phase::cpu_from_ticks`].
+    #[serde(default)]
+    pub cpu_from_ticks: bool,
     pub requests: BTreeMap<String, u64>,
     pub requests_by_resource: BTreeMap<String, u64>,
     /// VmHWM of the process that ran it (it also did a cold start).
@@ -574,9 +577,11 @@ impl Bench {
             .or(samples.first())
             .map(|(_, c)| c.clone())
             .unwrap_or_default();
+        let (cpu_s, precise) = cpu_end.since(&cpu_start);
         let resync = Resync {
             duration_s,
-            cpu_s: cpu_end.since(&cpu_start).0,
+            cpu_s,
+            cpu_from_ticks: !precise,
             peak_rss_mb: r.peak_rss_mb()?,
             ..Resync::default()
         };

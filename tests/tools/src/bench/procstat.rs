@@ -53,8 +53,9 @@ impl CpuSample {
     }
 
     /// The CPU seconds spent from `earlier` to `self`, and whether they are
-    /// the precise count (`true`) or the ticks' (`false`: a thread
-    /// that ran in between had exited by `self`).
+    /// the threads' nanoseconds (`true`) or the ticks' (`false`: a thread
+    /// that ran in between had exited by `self`, or the ticks count more
+    /// than their truncation explains).
     pub fn since(&self, earlier: &CpuSample) -> (f64, bool) {
         let ticks = self.ticks_s - earlier.ticks_s;
         let lost_thread = earlier

@@ -503,11 +503,12 @@ pub fn markdown(kind: Kind, runs: &[RunResult]) -> String {
                 Some(s) => {
                     let _ = writeln!(
                         out,
-                        "| {} | resync (one full diff; process peak RSS {:.1} MiB) | {:.2} | {:.2} | — | {} |",
+                        "| {} | resync (one full diff; process peak RSS {:.1} MiB) | {:.2} | {:.3}{} | — | {} |",
                         r.label(),
                         s.peak_rss_mb,
                         s.duration_s,
                         s.cpu_s,
+                        if s.cpu_from_ticks { " (ticks)" } else { "" },
                         requests_text(&s.requests_by_resource)
                     );
                 }
