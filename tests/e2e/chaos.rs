@@ -100,6 +100,17 @@ async fn run(row: &str, which: Which, window: Duration) -> Result<Row> {
         .map(Observer::spurious_deletions)
         .unwrap_or_default();
     let stats = env.proxy.get("/stats").await.unwrap_or_default();
+    // Both controllers ask for pods in protobuf, and watch-chaos answers on
+    // it: the faults reach the decoder each runs in production.
+    let protobuf_watches = stats["resources"]["pods"]["protobuf_watches"]
+        .as_u64()
+        .unwrap_or(0);
+    anyhow::ensure!(
+        protobuf_watches > 0,
+        "{row} / {}: no pod watch went through watch-chaos in protobuf: {}",
+        which.name(),
+        stats["resources"]["pods"]
+    );
     eprintln!(
         "{row} / {}: spurious {spurious:?}, converged {converged} in {seconds:.1}s {problem:?}; prevented {}; {}; proxy {}",
         which.name(),

@@ -101,11 +101,7 @@ enum Writer {
 fn start_upstream(node: &RealNode, chaos: &ChaosProxy) -> Result<Process> {
     node.cp.start_controller_manager(
         "endpoints-controller,endpointslice-controller",
-        &[
-            &format!("--kubeconfig={}", chaos.kubeconfig.display()),
-            // watch-chaos reads JSON.
-            "--kube-api-content-type=application/json",
-        ],
+        &[&format!("--kubeconfig={}", chaos.kubeconfig.display())],
     )
 }
 

@@ -1,7 +1,10 @@
-//! Watch events as the proxy sees them (one JSON object per line) and the
-//! pure transforms applied to them. No I/O here: every fault is a unit test.
+//! Watch events as the proxy sees them (JSON views, one per event, whichever
+//! wire they came on: [`wire`](super::wire)) and the pure transforms applied
+//! to them. No I/O here: every fault is a unit test.
 
 use serde_json::{Value, json};
+
+use super::wire::Wire;
 
 /// The message kube-apiserver sends when etcd delivers a non-create event
 /// without its previous value (kubernetes PR 76675).
@@ -144,16 +147,26 @@ pub struct Step {
     pub fake_rv: Option<String>,
 }
 
-/// Per-stream state: events sent so far and the event held back by `reorder`.
+/// Per-stream state: the wire, events sent so far and the event held back
+/// by `reorder`.
 #[derive(Debug, Default)]
 pub struct Transformer {
+    wire: Wire,
     sent: u64,
     held: Option<Vec<u8>>,
 }
 
 impl Transformer {
-    /// Transforms one event line of `resource`. `previous_rv` is the RV the
-    /// object had before this event (from earlier lists and events).
+    pub fn new(wire: Wire) -> Self {
+        Self {
+            wire,
+            ..Self::default()
+        }
+    }
+
+    /// Transforms one event of `resource` (a line or a frame, as `wire`
+    /// splits them). `previous_rv` is the RV the object had before this
+    /// event (from earlier lists and events).
     pub fn on_event(
         &mut self,
         resource: &str,
@@ -162,8 +175,9 @@ impl Transformer {
         previous_rv: Option<&str>,
     ) -> Step {
         let mut step = Step::default();
-        let Some(mut event) = parse(raw) else {
-            step.out.push(Out::Line(with_newline(raw)));
+        let wire = self.wire;
+        let Some(mut event) = wire.decode(raw) else {
+            step.out.push(Out::Line(wire.verbatim(raw)));
             return step;
         };
         let kind = event_type(&event).to_string();
@@ -173,8 +187,9 @@ impl Transformer {
             if faults.prevkv_nil {
                 step.notes.push("prevkv_nil_injected");
                 step.out.extend(self.take_held().map(Out::Line));
-                step.out
-                    .push(Out::Line(line(&prevkv_nil_event(resource, &key, &rv))));
+                step.out.push(Out::Line(
+                    wire.encode(&prevkv_nil_event(resource, &key, &rv)),
+                ));
                 step.out.push(Out::Close);
                 return step;
             }
@@ -189,7 +204,7 @@ impl Transformer {
                 step.notes.push("deletes_sent_with_old_rv");
                 step.fake_rv = Some(old.to_string());
                 step.out.extend(self.take_held().map(Out::Line));
-                step.out.push(Out::Line(line(&event)));
+                step.out.push(Out::Line(wire.encode(&event)));
                 step.out.push(Out::Close);
                 return step;
             }
@@ -199,7 +214,7 @@ impl Transformer {
             step.notes.push("deletes_dropped");
             return step;
         }
-        let bytes = with_newline(raw);
+        let bytes = wire.verbatim(raw);
         let passes_through = matches!(kind.as_str(), "BOOKMARK" | "ERROR");
         if passes_through {
             step.out.push(Out::Line(bytes));
@@ -257,7 +272,8 @@ fn is_older(old: &str, new: &str) -> bool {
     matches!((rv_number(old), rv_number(new)), (Some(a), Some(b)) if a < b)
 }
 
-fn with_newline(raw: &[u8]) -> Vec<u8> {
+/// A JSON line as sent: newline-terminated.
+pub fn with_newline(raw: &[u8]) -> Vec<u8> {
     let mut bytes = raw.to_vec();
     if bytes.last() != Some(&b'\n') {
         bytes.push(b'\n');

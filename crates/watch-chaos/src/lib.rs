@@ -6,26 +6,28 @@
 //! - [`body`]: the bodies it sends.
 //! - [`faults`]: the faults and their parameters.
 //! - [`events`]: the pure transforms of watch events.
+//! - [`wire`], [`protobuf`]: the wires events come on, read and written.
 //! - [`state`]: what the proxy remembers (object versions, old RVs, snapshots).
 //! - [`credentials`]: how the proxy authenticates upstream.
 //! - [`proxy`]: the proxy: plain HTTP in front, TLS to the API server behind.
 //! - [`stream`]: one watch stream, transformed.
 //! - [`control`]: the control API.
 //!
-//! JSON only: a LIST or WATCH that asks for protobuf is sent on asking for
-//! JSON, so its faults apply (a client must then read JSON answers, as
-//! client-go and hardened-watcher's protobuf option do); other protobuf
-//! answers are passed through untouched.
+//! JSON and protobuf alike: a LIST or WATCH is answered on the wire the API
+//! server chose for the client's Accept header, with the same faults, so a
+//! protobuf client (client-go by default) runs its own decoder under them.
 
 pub mod body;
 pub mod control;
 pub mod credentials;
 pub mod events;
 pub mod faults;
+pub mod protobuf;
 pub mod proxy;
 pub mod request;
 pub mod state;
 pub mod stream;
+pub mod wire;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -10,7 +10,7 @@ use clap::Parser;
 use tracing_subscriber::EnvFilter;
 use watch_chaos::{self as chaos, FaultSpec, Upstream};
 
-/// A chaos proxy for Kubernetes watches (JSON only).
+/// A chaos proxy for Kubernetes watches (JSON and protobuf).
 #[derive(Debug, Parser)]
 #[command(name = "watch-chaos", version, about, long_about = None)]
 struct Args {

@@ -1,5 +1,6 @@
 //! The proxy itself: plain HTTP/1.1 on loopback in front, kube-apiserver over
-//! TLS behind, watch streams transformed line by line per the faults in force.
+//! TLS behind, watch streams transformed event by event per the faults in
+//! force, on the wire (JSON or protobuf) the API server answered on.
 
 use std::convert::Infallible;
 use std::path::Path;
@@ -24,9 +25,11 @@ use super::body::{Body, BoxError, full, json_response, status_response};
 use super::credentials::Credentials;
 use super::events::{self, rv_number};
 use super::faults::FaultKind;
+use super::protobuf;
 use super::request::{Kind, Query, Target, classify, parse_path, parse_query};
 use super::state::{Command, Shared, Snapshot};
 use super::stream::{Pump, Replay, stream_body};
+use super::wire::Wire;
 
 const HOP_BY_HOP: [&str; 9] = [
     "connection",
@@ -37,7 +40,7 @@ const HOP_BY_HOP: [&str; 9] = [
     "te",
     "trailer",
     "host",
-    // Never let the API server compress: the proxy reads JSON.
+    // Never let the API server compress: the proxy reads the answers.
     "accept-encoding",
 ];
 
@@ -46,34 +49,6 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
         headers.remove(HeaderName::from_static(name));
     }
     headers.remove(header::CONTENT_LENGTH);
-}
-
-/// Makes a LIST or WATCH that asks for protobuf ask for JSON instead: the
-/// faults are made by reading and rewriting JSON events. A client that
-/// decodes by Content-Type (kube-rs programs on hardened-watcher's protobuf
-/// option, client-go) reads the JSON answer as it would any server's that
-/// cannot serve protobuf; behind this proxy they run their JSON decoders.
-/// Returns whether the request asked for protobuf.
-fn ask_for_json(headers: &mut HeaderMap) -> bool {
-    let protobuf = headers
-        .get_all(header::ACCEPT)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .any(|v| v.contains("application/vnd.kubernetes.protobuf"));
-    if protobuf {
-        headers.insert(
-            header::ACCEPT,
-            header::HeaderValue::from_static("application/json"),
-        );
-    }
-    protobuf
-}
-
-fn is_json(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/json"))
 }
 
 /// The connection to kube-apiserver.
@@ -147,20 +122,30 @@ impl Upstream {
             .await?)
     }
 
-    async fn get_json(&self, path: &str) -> Result<Value, BoxError> {
+    /// GET `path` accepting `accept`: the answer's body and wire.
+    async fn get(
+        &self,
+        path: &str,
+        accept: &'static str,
+    ) -> Result<(Bytes, Option<Wire>), BoxError> {
         let (mut parts, ()) = Request::get(path).body(())?.into_parts();
-        parts.headers.insert(
-            header::ACCEPT,
-            header::HeaderValue::from_static("application/json"),
-        );
+        parts
+            .headers
+            .insert(header::ACCEPT, header::HeaderValue::from_static(accept));
         let response = self.send(parts, full(Bytes::new())).await?;
         let status = response.status();
+        let wire = Wire::of_answer(response.headers());
         let bytes = response.into_body().collect().await?.to_bytes();
         if !status.is_success() {
             return Err(
                 format!("GET {path}: {status}: {}", String::from_utf8_lossy(&bytes)).into(),
             );
         }
+        Ok((bytes, wire))
+    }
+
+    async fn get_json(&self, path: &str) -> Result<Value, BoxError> {
+        let (bytes, _) = self.get(path, "application/json").await?;
         Ok(serde_json::from_slice(&bytes)?)
     }
 }
@@ -192,12 +177,24 @@ impl Proxy {
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_string();
-        info!(resource, %rv, "snapshot taken for stale lists");
+        // The same list for protobuf clients, read at exactly that RV.
+        let separator = if path.contains('?') { '&' } else { '?' };
+        let exact = format!("{path}{separator}resourceVersion={rv}&resourceVersionMatch=Exact");
+        let protobuf = match self.upstream.get(&exact, protobuf::MEDIA_TYPE).await {
+            Ok((bytes, Some(Wire::Protobuf))) => Some(bytes),
+            Ok(_) => None,
+            Err(err) => {
+                warn!(resource, error = %err, "no protobuf snapshot: protobuf clients get the JSON one");
+                None
+            }
+        };
+        info!(resource, %rv, protobuf = protobuf.is_some(), "snapshot taken for stale lists");
         self.shared.set_snapshot(
             resource,
             Snapshot {
                 rv: rv.clone(),
                 body,
+                protobuf,
             },
         );
         Ok(rv)
@@ -222,7 +219,7 @@ impl Proxy {
         let streams = self.shared.broadcast(Command::Inject {
             resource: resource.to_string(),
             namespace,
-            lines: vec![events::line(&events::deleted_event(&object, &rv))],
+            events: vec![events::deleted_event(&object, &rv)],
             close: true,
         });
         self.shared.bump(resource, "old_deletes_replayed");
@@ -243,7 +240,7 @@ impl Proxy {
         self.shared.broadcast(Command::Inject {
             resource: resource.to_string(),
             namespace: None,
-            lines: vec![events::line(&event)],
+            events: vec![event],
             close: true,
         })
     }
@@ -323,21 +320,35 @@ impl Proxy {
         {
             self.shared.bump(resource, "stale_lists_served");
             debug!(resource, rv = %snapshot.rv, "serving a stale list");
+            if let (Wire::Protobuf, Some(list)) =
+                (Wire::accepted_by(&parts.headers), &snapshot.protobuf)
+            {
+                let list = match target.namespace.as_deref() {
+                    Some(namespace) => protobuf::filter_list_namespace(list, namespace)?.into(),
+                    None => list.clone(),
+                };
+                return Ok(protobuf_response(list));
+            }
             let body = events::filter_list_namespace(&snapshot.body, target.namespace.as_deref());
             return Ok(json_response(StatusCode::OK, &body));
         }
-        let mut parts = parts;
-        if ask_for_json(&mut parts.headers) {
-            self.shared.bump(resource, "protobuf_asked_json_served");
-        }
         let response = self.upstream.send(parts, body).await?;
-        if response.status() != StatusCode::OK || !is_json(response.headers()) {
+        let wire = Wire::of_answer(response.headers());
+        let Some(wire) = wire.filter(|_| response.status() == StatusCode::OK) else {
             return Ok(passthrough(response));
-        }
+        };
         let (mut parts, body) = response.into_parts();
         let bytes = body.collect().await?.to_bytes();
-        if let Ok(list) = serde_json::from_slice::<Value>(&bytes) {
-            self.shared.record_list(resource, &list);
+        let list = match wire {
+            Wire::Json => serde_json::from_slice::<Value>(&bytes).map_err(|e| e.to_string()),
+            Wire::Protobuf => {
+                self.shared.bump(resource, "protobuf_lists");
+                protobuf::decode_list(&bytes)
+            }
+        };
+        match list {
+            Ok(list) => self.shared.record_list(resource, &list),
+            Err(err) => debug!(resource, error = %err, "an unreadable LIST answer, passed on"),
         }
         strip_hop_by_hop(&mut parts.headers);
         Ok(Response::from_parts(parts, full(bytes)))
@@ -355,9 +366,8 @@ impl Proxy {
         let resume_at = rv_number(&rv).filter(|n| *n > 0);
         if resume_at.is_some() && self.shared.fault(&resource, FaultKind::Error410).is_some() {
             self.shared.bump(&resource, "watch_410_injected");
-            return Ok(lines_response(vec![events::line(&events::expired_event(
-                &rv,
-            ))]));
+            let wire = Wire::accepted_by(&parts.headers);
+            return Ok(events_response(wire, &[events::expired_event(&rv)]));
         }
         if let Some(stale) = self.shared.fault(&resource, FaultKind::StaleList)
             && let Some(snapshot) = self.shared.snapshot(&resource)
@@ -375,13 +385,13 @@ impl Proxy {
                 pace: Duration::from_millis(pace),
             }
         });
-        let mut parts = parts;
-        if ask_for_json(&mut parts.headers) {
-            self.shared.bump(&resource, "protobuf_asked_json_served");
-        }
         let response = self.upstream.send(parts, body).await?;
-        if response.status() != StatusCode::OK || !is_json(response.headers()) {
+        let wire = Wire::of_answer(response.headers());
+        let Some(wire) = wire.filter(|_| response.status() == StatusCode::OK) else {
             return Ok(passthrough(response));
+        };
+        if wire == Wire::Protobuf {
+            self.shared.bump(&resource, "protobuf_watches");
         }
         let (mut parts, upstream_body) = response.into_parts();
         strip_hop_by_hop(&mut parts.headers);
@@ -390,6 +400,7 @@ impl Proxy {
             shared: self.shared.clone(),
             resource,
             namespace: target.namespace,
+            wire,
             tx,
             replay,
         };
@@ -411,39 +422,23 @@ fn passthrough(response: Response<Incoming>) -> Response<Body> {
     )
 }
 
-fn lines_response(lines: Vec<Vec<u8>>) -> Response<Body> {
-    let mut response = Response::new(full(lines.concat()));
+/// A watch answer of these events, on `wire`.
+fn events_response(wire: Wire, events: &[Value]) -> Response<Body> {
+    let body: Vec<u8> = events.iter().flat_map(|e| wire.encode(e)).collect();
+    let mut response = Response::new(full(body));
     response.headers_mut().insert(
         header::CONTENT_TYPE,
-        header::HeaderValue::from_static("application/json"),
+        header::HeaderValue::from_static(wire.watch_content_type()),
     );
     response
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_request_for_protobuf_asks_for_json() {
-        let mut headers = HeaderMap::new();
-        headers.insert(
-            header::ACCEPT,
-            header::HeaderValue::from_static(
-                "application/vnd.kubernetes.protobuf, application/json",
-            ),
-        );
-        assert!(ask_for_json(&mut headers));
-        assert_eq!(
-            headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()),
-            Some("application/json")
-        );
-        let mut json = HeaderMap::new();
-        json.insert(
-            header::ACCEPT,
-            header::HeaderValue::from_static("application/json"),
-        );
-        assert!(!ask_for_json(&mut json));
-        assert!(!ask_for_json(&mut HeaderMap::new()));
-    }
+/// A protobuf LIST answer.
+fn protobuf_response(body: Bytes) -> Response<Body> {
+    let mut response = Response::new(full(body));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static(protobuf::MEDIA_TYPE),
+    );
+    response
 }

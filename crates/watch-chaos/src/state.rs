@@ -16,11 +16,12 @@ use super::faults::{FaultKind, FaultSet, FaultSpec};
 /// A command to the open watch streams of `resource`.
 #[derive(Debug, Clone)]
 pub enum Command {
-    /// Write these lines; end the stream after them if `close`.
+    /// Write these events (views, each stream on its own wire); end the
+    /// stream after them if `close`.
     Inject {
         resource: String,
         namespace: Option<String>,
-        lines: Vec<Vec<u8>>,
+        events: Vec<Value>,
         close: bool,
     },
     /// Abort the streams (of every resource for `None`) mid-stream.
@@ -42,11 +43,13 @@ impl Command {
     }
 }
 
-/// A LIST answer kept to serve stale lists.
+/// A LIST answer kept to serve stale lists: as JSON, and as protobuf at
+/// the same RV where the API server serves it.
 #[derive(Debug, Clone)]
 pub struct Snapshot {
     pub rv: String,
     pub body: Value,
+    pub protobuf: Option<hyper::body::Bytes>,
 }
 
 #[derive(Debug, Clone)]
@@ -350,7 +353,7 @@ mod tests {
         let inject = Command::Inject {
             resource: "services".into(),
             namespace: Some("a".into()),
-            lines: vec![],
+            events: vec![],
             close: true,
         };
         assert!(inject.applies("services", None));

@@ -1,5 +1,6 @@
-//! One watch stream, copied from the API server to the client line by line,
-//! transformed per the faults in force, and open to commands (inject, cut).
+//! One watch stream, copied from the API server to the client event by
+//! event on the wire it came on, transformed per the faults in force, and
+//! open to commands (inject, cut).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,6 +14,7 @@ use super::body::{Body, BoxError};
 use super::events::{self, Out, StreamFaults, Transformer, rv_number};
 use super::faults::FaultKind;
 use super::state::{Command, Shared};
+use super::wire::Wire;
 
 pub(super) type Sender = mpsc::Sender<Result<Frame<Bytes>, BoxError>>;
 
@@ -36,6 +38,7 @@ pub(super) struct Pump {
     pub(super) shared: Arc<Shared>,
     pub(super) resource: String,
     pub(super) namespace: Option<String>,
+    pub(super) wire: Wire,
     pub(super) tx: Sender,
     pub(super) replay: Option<Replay>,
 }
@@ -60,7 +63,7 @@ impl Pump {
         let _open = OpenStream(self.shared.clone());
         let mut commands = self.shared.subscribe();
         let mut buf = Vec::new();
-        let mut transformer = Transformer::default();
+        let mut transformer = Transformer::new(self.wire);
         let mut hold_until = tokio::time::Instant::now();
         loop {
             let holding = transformer.holding();
@@ -75,9 +78,16 @@ impl Pump {
                         _ => break,
                     };
                     buf.extend_from_slice(&data);
-                    for line in events::split_lines(&mut buf) {
+                    let split = match self.wire.split(&mut buf) {
+                        Ok(split) => split,
+                        Err(err) => {
+                            info!(resource = %self.resource, error = %err, "unreadable watch stream: ending it");
+                            break;
+                        }
+                    };
+                    for event in split {
                         let was_holding = transformer.holding();
-                        if let Flow::Stop = self.on_line(&mut transformer, &line).await {
+                        if let Flow::Stop = self.on_event(&mut transformer, &event).await {
                             return;
                         }
                         if !was_holding && transformer.holding() {
@@ -124,8 +134,8 @@ impl Pump {
             .is_ok()
     }
 
-    async fn on_line(&mut self, transformer: &mut Transformer, line: &[u8]) -> Flow {
-        let event = events::parse(line);
+    async fn on_event(&mut self, transformer: &mut Transformer, raw: &[u8]) -> Flow {
+        let event = self.wire.decode(raw);
         let mut previous_rv = None;
         let mut replaying = false;
         if let Some(event) = &event {
@@ -163,7 +173,7 @@ impl Pump {
             let rv = events::object_rv(event).unwrap_or_default();
             faults.old_delete_rv = self.shared.first_old_delete(&self.resource, &key, rv);
         }
-        let step = transformer.on_event(&self.resource, line, faults, previous_rv.as_deref());
+        let step = transformer.on_event(&self.resource, raw, faults, previous_rv.as_deref());
         for note in &step.notes {
             self.shared.bump(&self.resource, note);
         }
@@ -199,8 +209,11 @@ impl Pump {
 
     async fn on_command(&self, command: Command) -> Flow {
         match command {
-            Command::Inject { lines, close, .. } => {
-                let mut out: Vec<Out> = lines.into_iter().map(Out::Line).collect();
+            Command::Inject { events, close, .. } => {
+                let mut out: Vec<Out> = events
+                    .iter()
+                    .map(|event| Out::Line(self.wire.encode(event)))
+                    .collect();
                 if close {
                     out.push(Out::Close);
                 }
@@ -208,10 +221,8 @@ impl Pump {
             }
             Command::Cut { .. } => {
                 self.shared.bump(&self.resource, "streams_cut");
-                self.write(vec![Out::Partial(
-                    b"{\"type\":\"MODIFIED\",\"object\":{\"kind".to_vec(),
-                )])
-                .await
+                self.write(vec![Out::Partial(self.wire.cut_fragment())])
+                    .await
             }
         }
     }

@@ -106,10 +106,8 @@ impl Env {
             }
             Which::Kcm => {
                 let kubeconfig = format!("--kubeconfig={}", self.proxy.kubeconfig.display());
-                let mut args = vec![
-                    kubeconfig.as_str(),
-                    "--kube-api-content-type=application/json",
-                ];
+                // Its default wire, protobuf: watch-chaos answers on it.
+                let mut args = vec![kubeconfig.as_str()];
                 args.extend(self.kcm_args.iter().copied());
                 // Upstream's slice controller leaves the slices of a deleted
                 // Service to the garbage collector (owner references), which

@@ -401,10 +401,7 @@ impl Pair {
     ) -> Result<Process> {
         let kubeconfig = format!("--kubeconfig={}", proxy.kubeconfig.display());
         if upstream {
-            return cp.start_controller_manager(
-                self.upstream,
-                &[&kubeconfig, "--kube-api-content-type=application/json"],
-            );
+            return cp.start_controller_manager(self.upstream, &[&kubeconfig]);
         }
         let args = vec![
             kubeconfig,
