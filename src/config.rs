@@ -197,14 +197,15 @@ pub struct Config {
     /// server's watch cache keeps after etcd deleted them, or in an older
     /// state than etcd's. Every pod named by an address of our Endpoints or
     /// slices, and every Service with either, is read (its metadata, from
-    /// etcd) in turn. 0 turns the scan off.
-    #[arg(long, env = "EG_GHOST_SCAN_QPS", default_value_t = 20.0, value_parser = parse_qps)]
+    /// etcd) in turn. 0 turns the scan off. 10 a second costs about twice
+    /// upstream's idle controller (docs/bench.md).
+    #[arg(long, env = "EG_GHOST_SCAN_QPS", default_value_t = 10.0, value_parser = parse_qps)]
     pub ghost_scan_qps: f64,
 
     /// One ghost-scan pass over all those objects is spread over this long
     /// (at least one read a second, at most --ghost-scan-qps): a ghost is
     /// found within about this long where the cap does not bind (up to
-    /// 36,000 pods and Services at the defaults), else within objects / qps.
+    /// 18,000 pods and Services at the defaults), else within objects / qps.
     /// 0: read as fast as --ghost-scan-qps allows. 30 minutes keeps the
     /// reads' CPU at rest near upstream's idle controller at 11,000 objects
     /// (docs/bench.md); a shorter period finds a ghost sooner for more reads.

@@ -160,11 +160,18 @@ async fn run() -> Result<Report> {
     let mut guard = GuardProcess::start(
         &binary,
         &proxy.kubeconfig,
-        // The ghost scan at its full --ghost-scan-qps (no pass period): at
-        // the default 15 min period a pass over this workload would take
-        // 15 min, and the ghost fault could not converge within its budget in
-        // a 30-minute soak; `faults::ghost_scan_bound` assumes this rate.
-        &["--resync-interval", &resync, "--ghost-scan-period", "0"],
+        // The ghost scan at a fixed rate (no pass period): at the default
+        // 30 min period a pass over this workload would take 30 min, and the
+        // ghost fault could not converge within its budget in a 30-minute
+        // soak; `faults::ghost_scan_bound` assumes this rate.
+        &[
+            "--resync-interval",
+            &resync,
+            "--ghost-scan-period",
+            "0",
+            "--ghost-scan-qps",
+            &faults::GHOST_SCAN_QPS.to_string(),
+        ],
         &cp.log_dir().join("endpoints-guard.log"),
     )?;
     let started = Instant::now();

@@ -31,7 +31,7 @@ pub const ROTATION: [&str; 12] = [
     "duplicated-events",
 ];
 
-/// endpoints-guard's `--ghost-scan-qps` (its default).
+/// endpoints-guard's `--ghost-scan-qps` in the soak.
 pub const GHOST_SCAN_QPS: f64 = 20.0;
 /// The ghost scan's second read of a suspect comes this long after the first.
 pub const GHOST_RECHECK: Duration = Duration::from_secs(10);

@@ -96,7 +96,7 @@ impl BenchOptions {
             churn: Duration::from_secs(60),
             steady: Duration::from_secs(60),
             resync_interval: Duration::from_secs(10),
-            ghost_scan_qps: 20.0,
+            ghost_scan_qps: 10.0,
             out_dir,
             guard_binary,
             controllers: Controller::ALL.to_vec(),

@@ -84,7 +84,7 @@ impl Report {
         let w = &self.workload;
         let _ = writeln!(
             out,
-            "endpoints-guard `{}` (both controllers, enforce mode, `--resync-interval {:.0}s --ghost-scan-period 0`) behind watch-chaos on a local kube-apiserver + etcd. \
+            "endpoints-guard `{}` (both controllers, enforce mode, `--resync-interval {:.0}s --ghost-scan-period 0 --ghost-scan-qps 20`) behind watch-chaos on a local kube-apiserver + etcd. \
              Workload: {} small apps × ~{} pods, ~{} churned Services, {} Services of {} pods (above 1,000 endpoints), {:.0} operations/s: \
              {} operations ({} failed writes, mostly while kube-apiserver or etcd was down). \
              Background: etcd compacted {} times (every 10 s), watch streams cut {} times (every 30 s). \
