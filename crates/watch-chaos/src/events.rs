@@ -174,9 +174,23 @@ impl Transformer {
         faults: StreamFaults,
         previous_rv: Option<&str>,
     ) -> Step {
+        let view = self.wire.decode(raw);
+        self.on_view(resource, raw, view, faults, previous_rv)
+    }
+
+    /// [`on_event`](Self::on_event) for a caller that has read `raw` into
+    /// its view already (`None`: not an event).
+    pub fn on_view(
+        &mut self,
+        resource: &str,
+        raw: &[u8],
+        view: Option<Value>,
+        faults: StreamFaults,
+        previous_rv: Option<&str>,
+    ) -> Step {
         let mut step = Step::default();
         let wire = self.wire;
-        let Some(mut event) = wire.decode(raw) else {
+        let Some(mut event) = view else {
             step.out.push(Out::Line(wire.verbatim(raw)));
             return step;
         };

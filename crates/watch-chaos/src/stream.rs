@@ -173,7 +173,7 @@ impl Pump {
             let rv = events::object_rv(event).unwrap_or_default();
             faults.old_delete_rv = self.shared.first_old_delete(&self.resource, &key, rv);
         }
-        let step = transformer.on_event(&self.resource, raw, faults, previous_rv.as_deref());
+        let step = transformer.on_view(&self.resource, raw, event, faults, previous_rv.as_deref());
         for note in &step.notes {
             self.shared.bump(&self.resource, note);
         }
