@@ -10,13 +10,13 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube::{Api, Client};
 use tokio::sync::watch as signal;
 use tokio::task::JoinSet;
-use tracing::{Instrument, error, info, info_span, warn};
+use tracing::{Instrument, debug_span, error, info, warn};
 
 use crate::config::{Config, Controller, Wire};
 use crate::error::Result;
 use crate::metrics::Metrics;
 use crate::reconcile::kinds::{Kind, KindVisitor, for_each_kind};
-use crate::reconcile::latency::WriteTimer;
+use crate::reconcile::latency::WriteClock;
 use crate::reconcile::queue::{Retry, Taken};
 use crate::reconcile::{Context, Stores, Work, enqueue_all, ghost_scan, resync, slice_sync, sync};
 use crate::shutdown::stopped;
@@ -194,7 +194,10 @@ pub async fn start(
         for controller in ctx.controllers().iter() {
             for worker in 0..workers {
                 let ctx = ctx.clone();
-                let span = info_span!("worker", %controller, worker);
+                // At debug level: at the default filter a disabled span costs
+                // nothing per poll, and every log line of a reconcile names
+                // its Service and controller itself.
+                let span = debug_span!("worker", %controller, worker);
                 tasks.spawn(async move { work(ctx, controller).await }.instrument(span));
             }
         }
@@ -320,18 +323,21 @@ async fn periodic(ctx: Arc<Context>, interval: Duration, mut shutdown: signal::R
 async fn work(ctx: Arc<Context>, controller: Controller) {
     let queue = ctx.work(controller).queue.clone();
     let label = controller.metric_label();
+    // Series resolved once: a label lookup hashes its values on every call.
+    let depth = ctx.metrics.queue_depth.with_label_values(&[label]);
+    let duration = ctx.metrics.reconcile_duration.with_label_values(&[label]);
+    let succeeded = ctx.metrics.reconciles.with_label_values(&[label, "ok"]);
+    let failed = ctx.metrics.reconciles.with_label_values(&[label, "error"]);
+    let clock = WriteClock::new(&ctx.metrics, controller);
     while let Some(Taken { key, received }) = queue.next().await {
         // Replicas that do not hold the Lease keep keys queued and read nothing;
         // nobody reconciles while a cache is listed again after a store rewind.
         ctx.wait_until_leading().await;
         ctx.stores.wait_synced().await;
-        ctx.metrics
-            .queue_depth
-            .with_label_values(&[label])
-            .set(queue.len() as i64);
+        depth.set(queue.len() as i64);
         let start = Instant::now();
-        let span = info_span!("reconcile", service = %key);
-        let timer = WriteTimer::new(&ctx.metrics, controller, received);
+        let span = debug_span!("reconcile", service = %key);
+        let timer = clock.timer(received);
         let result = match controller {
             Controller::Endpoints => sync::reconcile(&ctx, &key, &timer).instrument(span).await,
             Controller::Endpointslices => {
@@ -340,23 +346,14 @@ async fn work(ctx: Arc<Context>, controller: Controller) {
                     .await
             }
         };
-        ctx.metrics
-            .reconcile_duration
-            .with_label_values(&[label])
-            .observe(start.elapsed().as_secs_f64());
+        duration.observe(start.elapsed().as_secs_f64());
         match result {
             Ok(()) => {
-                ctx.metrics
-                    .reconciles
-                    .with_label_values(&[label, "ok"])
-                    .inc();
+                succeeded.inc();
                 queue.forget(&key);
             }
             Err(err) => {
-                ctx.metrics
-                    .reconciles
-                    .with_label_values(&[label, "error"])
-                    .inc();
+                failed.inc();
                 ctx.metrics
                     .reconcile_errors
                     .with_label_values(&[label, err.metric_label()])

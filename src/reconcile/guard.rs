@@ -245,7 +245,9 @@ async fn publish(
     // Events are a report, not part of the reconcile: a failure to publish one is
     // logged and the reconcile goes on.
     if let Err(err) = ctx.recorder.publish(&event, regarding).await {
-        warn!(error = %err, reason, "could not publish a Kubernetes Event");
+        let namespace = regarding.namespace.as_deref().unwrap_or_default();
+        let name = regarding.name.as_deref().unwrap_or_default();
+        warn!(error = %err, reason, %namespace, %name, "could not publish a Kubernetes Event");
     }
 }
 

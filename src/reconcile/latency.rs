@@ -19,32 +19,47 @@ use prometheus::Histogram;
 use crate::config::Controller;
 use crate::metrics::Metrics;
 
+/// The two histograms of one controller, resolved once per worker rather
+/// than looked up by label on every reconcile.
+#[derive(Clone)]
+pub struct WriteClock {
+    sent: Histogram,
+    answered: Histogram,
+}
+
+impl WriteClock {
+    pub fn new(metrics: &Metrics, controller: Controller) -> Self {
+        let label = [controller.metric_label()];
+        Self {
+            sent: metrics.event_to_write.with_label_values(&label),
+            answered: metrics.event_to_write_answered.with_label_values(&label),
+        }
+    }
+
+    /// The timer of a reconcile serving events the first of which arrived
+    /// at `received`.
+    pub fn timer(&self, received: Option<Instant>) -> WriteTimer {
+        WriteTimer {
+            received,
+            clock: self.clone(),
+            timed: AtomicBool::new(false),
+        }
+    }
+}
+
 /// The clock of one reconcile: when the earliest event it serves arrived.
 /// Only the reconcile's first write is timed (the one that starts to carry
 /// the change out); a reconcile that writes nothing records nothing, and so
 /// does one that no event caused (a resync, a sweep).
 pub struct WriteTimer {
     received: Option<Instant>,
-    sent: Histogram,
-    answered: Histogram,
+    clock: WriteClock,
     /// Set once the first write has been timed; atomic because the
     /// reconcile's future, which borrows this, must be `Send`.
     timed: AtomicBool,
 }
 
 impl WriteTimer {
-    /// The timer of a reconcile for `controller` serving events the first of
-    /// which arrived at `received`.
-    pub fn new(metrics: &Metrics, controller: Controller, received: Option<Instant>) -> Self {
-        let label = [controller.metric_label()];
-        Self {
-            received,
-            sent: metrics.event_to_write.with_label_values(&label),
-            answered: metrics.event_to_write_answered.with_label_values(&label),
-            timed: AtomicBool::new(false),
-        }
-    }
-
     /// Sends a write: awaits `write`, recording, when it is the reconcile's
     /// first, the time from the event to now and to its answer.
     pub async fn write<F: Future>(&self, write: F) -> F::Output {
@@ -52,11 +67,13 @@ impl WriteTimer {
             .received
             .filter(|_| !self.timed.swap(true, Ordering::Relaxed));
         if let Some(received) = first {
-            self.sent.observe(received.elapsed().as_secs_f64());
+            self.clock.sent.observe(received.elapsed().as_secs_f64());
         }
         let answer = write.await;
         if let Some(received) = first {
-            self.answered.observe(received.elapsed().as_secs_f64());
+            self.clock
+                .answered
+                .observe(received.elapsed().as_secs_f64());
         }
         answer
     }
@@ -83,7 +100,8 @@ mod tests {
     #[tokio::test]
     async fn only_the_first_write_of_a_reconcile_is_timed() {
         let metrics = Metrics::new().expect("metrics");
-        let timer = WriteTimer::new(&metrics, Controller::Endpointslices, Some(Instant::now()));
+        let timer =
+            WriteClock::new(&metrics, Controller::Endpointslices).timer(Some(Instant::now()));
         assert_eq!(timer.write(async { 1 }).await, 1);
         assert_eq!(timer.write(async { 2 }).await, 2);
         assert_eq!(counts(&metrics, Controller::Endpointslices), (1, 1));
@@ -93,7 +111,7 @@ mod tests {
     #[tokio::test]
     async fn a_reconcile_no_event_caused_records_nothing() {
         let metrics = Metrics::new().expect("metrics");
-        let timer = WriteTimer::new(&metrics, Controller::Endpoints, None);
+        let timer = WriteClock::new(&metrics, Controller::Endpoints).timer(None);
         timer.write(async {}).await;
         assert_eq!(counts(&metrics, Controller::Endpoints), (0, 0));
     }

@@ -380,10 +380,16 @@ async fn failed(ctx: &Context, key: &ObjectKey, verb: Verb, err: kube::Error) ->
 /// Puts a slice just written into the cache (`stamp` taken before the
 /// request), so the next reconcile plans against it.
 fn remember(ctx: &Context, slice: EndpointSlice, stamp: &ReadStamp) {
+    let name = slice.metadata.name.clone().unwrap_or_default();
+    let namespace = slice.metadata.namespace.clone().unwrap_or_default();
     match CachedSlice::new(slice) {
         Some(cached) => {
             ctx.stores.slices.restore(cached, stamp);
         }
-        None => warn!("an EndpointSlice could not be encoded for the cache; waiting for the watch"),
+        None => warn!(
+            %namespace,
+            slice = name,
+            "an EndpointSlice could not be encoded for the cache; waiting for the watch"
+        ),
     }
 }

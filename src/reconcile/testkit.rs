@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{Endpoints, Service};
 use kube::runtime::events::{Recorder, Reporter};
 use serde_json::json;
 
-use super::latency::WriteTimer;
+use super::latency::{WriteClock, WriteTimer};
 use super::{Context, Stores, Work};
 use crate::config::{Controller, Mode};
 use crate::desired::{ManagedBy, PodFields, PodInfo};
@@ -53,7 +53,7 @@ pub async fn scripted(
 
 /// The timer of a reconcile no event caused: it records nothing.
 pub fn untimed(ctx: &Context) -> WriteTimer {
-    WriteTimer::new(&ctx.metrics, Controller::Endpoints, None)
+    WriteClock::new(&ctx.metrics, Controller::Endpoints).timer(None)
 }
 
 /// A context whose client points nowhere: for code that never calls the API.
