@@ -371,6 +371,18 @@ async fn run() -> Result<Report> {
     if samples.len() < 6 {
         failures.push(format!("only {} samples", samples.len()));
     }
+    // endpoints-guard asks for pods in protobuf and watch-chaos answers on it:
+    // the soak's faults reach the decoder production runs.
+    let stats = ctx.proxy.get("/stats").await.unwrap_or_default();
+    let protobuf_pod_watches = stats["resources"]["pods"]["protobuf_watches"]
+        .as_u64()
+        .unwrap_or(0);
+    if protobuf_pod_watches == 0 {
+        failures.push(format!(
+            "no pod watch went through watch-chaos in protobuf: {}",
+            stats["resources"]["pods"]
+        ));
+    }
     let guard = guard.lock().await;
     if !failures.is_empty() {
         eprintln!(
@@ -394,6 +406,7 @@ async fn run() -> Result<Report> {
         operations,
         etcd_compactions: compactions.load(Ordering::Relaxed),
         stream_cuts: cuts.load(Ordering::Relaxed),
+        protobuf_pod_watches,
         load: vec![load_start, uptime()],
         initial_sync_seconds: (initial_sync_seconds * 10.0).round() / 10.0,
         episodes,

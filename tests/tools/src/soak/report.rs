@@ -45,6 +45,9 @@ pub struct Report {
     pub operations: OpCounts,
     pub etcd_compactions: u64,
     pub stream_cuts: u64,
+    /// Pod watches watch-chaos served in protobuf: the faults reached the
+    /// decoder endpoints-guard runs in production.
+    pub protobuf_pod_watches: u64,
     /// `uptime` at the start and at the end (the machine is shared).
     pub load: Vec<String>,
     pub initial_sync_seconds: f64,
@@ -87,8 +90,8 @@ impl Report {
             "endpoints-guard `{}` (both controllers, enforce mode, `--resync-interval {:.0}s --ghost-scan-period 0 --ghost-scan-qps 20`) behind watch-chaos on a local kube-apiserver + etcd. \
              Workload: {} small apps × ~{} pods, ~{} churned Services, {} Services of {} pods (above 1,000 endpoints), {:.0} operations/s: \
              {} operations ({} failed writes, mostly while kube-apiserver or etcd was down). \
-             Background: etcd compacted {} times (every 10 s), watch streams cut {} times (every 30 s). \
-             Initial sync {:.1} s. Load: {}.\n",
+             Background: etcd compacted {} times (every 10 s), watch streams cut {} times (every 30 s); \
+             {} pod watches through watch-chaos in protobuf. Initial sync {:.1} s. Load: {}.\n",
             self.guard_binary,
             self.resync_interval_seconds,
             w.apps,
@@ -101,6 +104,7 @@ impl Report {
             self.operations.total_failed(),
             self.etcd_compactions,
             self.stream_cuts,
+            self.protobuf_pod_watches,
             self.initial_sync_seconds,
             self.load.join(" → "),
         );
