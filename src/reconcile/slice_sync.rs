@@ -221,7 +221,7 @@ async fn apply(
         match timer.write(api.create(&PostParams::default(), slice)).await {
             Ok(written) => {
                 count_write(ctx, Verb::Create);
-                remember(ctx, written, &stamp);
+                remember(ctx, key, written, &stamp);
             }
             Err(err) if sync::is_namespace_terminating(&err) => {
                 debug!(%key, "namespace is terminating; not creating EndpointSlices");
@@ -239,7 +239,7 @@ async fn apply(
         {
             Ok(written) => {
                 count_write(ctx, Verb::Update);
-                remember(ctx, written, &stamp);
+                remember(ctx, key, written, &stamp);
             }
             Err(err) => return Err(conflict_or_gone(ctx, key, &name, Verb::Update, err).await),
         }
@@ -378,18 +378,15 @@ async fn failed(ctx: &Context, key: &ObjectKey, verb: Verb, err: kube::Error) ->
 }
 
 /// Puts a slice just written into the cache (`stamp` taken before the
-/// request), so the next reconcile plans against it.
-fn remember(ctx: &Context, slice: EndpointSlice, stamp: &ReadStamp) {
-    let name = slice.metadata.name.clone().unwrap_or_default();
-    let namespace = slice.metadata.namespace.clone().unwrap_or_default();
+/// request), so the next reconcile plans against it; `key` is its Service.
+fn remember(ctx: &Context, key: &ObjectKey, slice: EndpointSlice, stamp: &ReadStamp) {
     match CachedSlice::new(slice) {
         Some(cached) => {
             ctx.stores.slices.restore(cached, stamp);
         }
         None => warn!(
-            %namespace,
-            slice = name,
-            "an EndpointSlice could not be encoded for the cache; waiting for the watch"
+            %key,
+            "an EndpointSlice written could not be encoded for the cache; waiting for the watch"
         ),
     }
 }

@@ -19,7 +19,7 @@ use anyhow::{Context, Result};
 use eg_harness::binaries::workspace_root;
 use eg_harness::loopback;
 use eg_harness::{ControlPlane, ControlPlaneOptions, PodBuilder, PodStatusSpec, ServiceBuilder};
-use eg_tools::chaos::{Observer, Published, Row, watch_convergence, write_report};
+use eg_tools::chaos::{ChaosProxy, Observer, Published, Row, watch_convergence, write_report};
 use env::{Env, Which};
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use kube::Api;
@@ -102,9 +102,7 @@ async fn run(row: &str, which: Which, window: Duration) -> Result<Row> {
     let stats = env.proxy.get("/stats").await.unwrap_or_default();
     // Both controllers ask for pods in protobuf, and watch-chaos answers on
     // it: the faults reach the decoder each runs in production.
-    let protobuf_watches = stats["resources"]["pods"]["protobuf_watches"]
-        .as_u64()
-        .unwrap_or(0);
+    let protobuf_watches = ChaosProxy::protobuf_watches(&stats, "pods");
     anyhow::ensure!(
         protobuf_watches > 0,
         "{row} / {}: no pod watch went through watch-chaos in protobuf: {}",

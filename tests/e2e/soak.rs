@@ -374,9 +374,7 @@ async fn run() -> Result<Report> {
     // endpoints-guard asks for pods in protobuf and watch-chaos answers on it:
     // the soak's faults reach the decoder production runs.
     let stats = ctx.proxy.get("/stats").await.unwrap_or_default();
-    let protobuf_pod_watches = stats["resources"]["pods"]["protobuf_watches"]
-        .as_u64()
-        .unwrap_or(0);
+    let protobuf_pod_watches = ChaosProxy::protobuf_watches(&stats, "pods");
     if protobuf_pod_watches == 0 {
         failures.push(format!(
             "no pod watch went through watch-chaos in protobuf: {}",

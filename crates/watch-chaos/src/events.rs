@@ -166,7 +166,9 @@ impl Transformer {
 
     /// Transforms one event of `resource` (a line or a frame, as `wire`
     /// splits them). `previous_rv` is the RV the object had before this
-    /// event (from earlier lists and events).
+    /// event (from earlier lists and events). The pump, which has read the
+    /// event already, calls [`on_view`](Self::on_view).
+    #[cfg(test)]
     pub fn on_event(
         &mut self,
         resource: &str,

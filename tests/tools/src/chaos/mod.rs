@@ -96,6 +96,14 @@ impl ChaosProxy {
         http_json(self.control_port, "GET", path, None).await
     }
 
+    /// The watches of `resource` the proxy answered in protobuf, from its
+    /// `/stats` answer (0 when the stats do not say).
+    pub fn protobuf_watches(stats: &Value, resource: &str) -> u64 {
+        stats["resources"][resource]["protobuf_watches"]
+            .as_u64()
+            .unwrap_or(0)
+    }
+
     pub async fn post(&self, path: &str, body: Value) -> Result<Value> {
         http_json(self.control_port, "POST", path, Some(body)).await
     }
