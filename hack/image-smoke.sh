@@ -28,6 +28,8 @@ cargo=${CARGO:-cargo}
 work="$root/target/image-smoke"
 context="$work/context"
 dockerd_pid=
+host_before=
+docker_paths_made=
 
 log() { echo "image-smoke: $*" >&2; }
 skip() {
@@ -46,7 +48,32 @@ cleanup() {
     log "stopping the dockerd this script started (pid $dockerd_pid)"
     kill "$dockerd_pid" 2>/dev/null || true
     wait "$dockerd_pid" 2>/dev/null || true
+    # dockerd leaves its default network namespace bind-mounted.
+    local mnt
+    awk -v w="$work/docker" 'index($2, w) == 1 { print $2 }' /proc/mounts | sort -r |
+      while read -r mnt; do umount "$mnt" || true; done
+    rm -rf "$work/docker" "$work/docker-exec"
+    # ... and writes /etc/docker/key.json and /run/docker/plugins.
+    local path
+    for path in $docker_paths_made; do
+      rm -rf "$path"
+    done
+    if [ "$(host_state)" != "$host_before" ]; then
+      log "the host differs from before dockerd started:"
+      diff <(echo "$host_before") <(host_state) >&2 || true
+      exit 1
+    fi
+    log "host as before dockerd started: iptables, links, ip_forward, mounts, /etc/docker/key.json, /run/docker"
   fi
+}
+
+# What a Docker daemon is known to change on the host (rule counters left out).
+host_state() {
+  iptables-save 2>/dev/null | grep -v '^#' | sed 's/ \[[0-9]*:[0-9]*\]$//'
+  ip -br link 2>/dev/null | awk '{print $1}'
+  cat /proc/sys/net/ipv4/ip_forward
+  awk '{ print $2 }' /proc/mounts | sort
+  ls -d /etc/docker/key.json /etc/docker /run/docker 2>/dev/null || true
 }
 
 # A reachable Docker daemon, or skip. As root, with dockerd installed, starts one.
@@ -60,8 +87,19 @@ ensure_docker() {
     skip "docker is installed but no daemon is reachable (start dockerd, or run as root with dockerd installed)"
   fi
   mkdir -p "$work"
+  host_before=$(host_state)
+  local path
+  for path in /etc/docker/key.json /etc/docker /run/docker; do
+    [ -e "$path" ] || docker_paths_made+=" $path"
+  done
   log "no Docker daemon running: starting dockerd (log: $work/dockerd.log)"
-  dockerd >"$work/dockerd.log" 2>&1 &
+  # The containers here use --network none or host, so the daemon needs no
+  # bridge: without these flags dockerd adds docker0, iptables chains and a
+  # masquerade rule, turns ip_forward on and sets FORWARD's policy to DROP,
+  # and leaves all of it behind when it stops.
+  dockerd --bridge=none --iptables=false --ip-forward=false --ip-masq=false \
+    --data-root "$work/docker" --exec-root "$work/docker-exec" \
+    --pidfile "$work/docker.pid" >"$work/dockerd.log" 2>&1 &
   dockerd_pid=$!
   local i
   for ((i = 0; i < 60; i++)); do
