@@ -29,6 +29,8 @@ work="$root/target/image-smoke"
 context="$work/context"
 dockerd_pid=
 host_before=
+# Files dockerd writes outside its data and exec roots, and those of them it made.
+docker_paths="/etc/docker/key.json /etc/docker /run/docker"
 docker_paths_made=
 
 log() { echo "image-smoke: $*" >&2; }
@@ -53,7 +55,6 @@ cleanup() {
     awk -v w="$work/docker" 'index($2, w) == 1 { print $2 }' /proc/mounts | sort -r |
       while read -r mnt; do umount "$mnt" || true; done
     rm -rf "$work/docker" "$work/docker-exec"
-    # ... and writes /etc/docker/key.json and /run/docker/plugins.
     local path
     for path in $docker_paths_made; do
       rm -rf "$path"
@@ -63,7 +64,7 @@ cleanup() {
       diff <(echo "$host_before") <(host_state) >&2 || true
       exit 1
     fi
-    log "host as before dockerd started: iptables, links, ip_forward, mounts, /etc/docker/key.json, /run/docker"
+    log "host as before dockerd started: iptables, links, ip_forward, mounts, $docker_paths"
   fi
 }
 
@@ -73,7 +74,8 @@ host_state() {
   ip -br link 2>/dev/null | awk '{print $1}'
   cat /proc/sys/net/ipv4/ip_forward
   awk '{ print $2 }' /proc/mounts | sort
-  ls -d /etc/docker/key.json /etc/docker /run/docker 2>/dev/null || true
+  # shellcheck disable=SC2086 # a list of paths
+  ls -d $docker_paths 2>/dev/null || true
 }
 
 # A reachable Docker daemon, or skip. As root, with dockerd installed, starts one.
@@ -89,7 +91,7 @@ ensure_docker() {
   mkdir -p "$work"
   host_before=$(host_state)
   local path
-  for path in /etc/docker/key.json /etc/docker /run/docker; do
+  for path in $docker_paths; do
     [ -e "$path" ] || docker_paths_made+=" $path"
   done
   log "no Docker daemon running: starting dockerd (log: $work/dockerd.log)"
