@@ -17,7 +17,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{ContainerPort, Endpoints, Pod, PodCondition, PodIP};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 
@@ -170,13 +170,70 @@ wire_of!(PodWire, Pod);
 /// again was most of the CPU of an Endpoints event.
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct EndpointsWire {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "meta_without_managed_fields")]
     pub metadata: ObjectMeta,
     #[serde(default)]
     pub subsets: Option<Box<RawValue>>,
 }
 
 wire_of!(EndpointsWire, Endpoints);
+
+/// `ObjectMeta` less its managedFields, which the cache drops anyway
+/// (`PackedObject`): every answer to our writes carries them, and decoding
+/// them builds a `serde_json::Value` tree per entry only to free it.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct MetaLessManagedFields {
+    #[serde(default)]
+    annotations: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    creation_timestamp: Option<Time>,
+    #[serde(default)]
+    deletion_grace_period_seconds: Option<i64>,
+    #[serde(default)]
+    deletion_timestamp: Option<Time>,
+    #[serde(default)]
+    finalizers: Option<Vec<String>>,
+    #[serde(default)]
+    generate_name: Option<String>,
+    #[serde(default)]
+    generation: Option<i64>,
+    #[serde(default)]
+    labels: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default)]
+    owner_references: Option<Vec<OwnerReference>>,
+    #[serde(default)]
+    resource_version: Option<String>,
+    #[serde(default)]
+    self_link: Option<String>,
+    #[serde(default)]
+    uid: Option<String>,
+}
+
+fn meta_without_managed_fields<'de, D: Deserializer<'de>>(de: D) -> Result<ObjectMeta, D::Error> {
+    let meta = Option::<MetaLessManagedFields>::deserialize(de)?.unwrap_or_default();
+    Ok(ObjectMeta {
+        annotations: meta.annotations,
+        creation_timestamp: meta.creation_timestamp,
+        deletion_grace_period_seconds: meta.deletion_grace_period_seconds,
+        deletion_timestamp: meta.deletion_timestamp,
+        finalizers: meta.finalizers,
+        generate_name: meta.generate_name,
+        generation: meta.generation,
+        labels: meta.labels,
+        managed_fields: None,
+        name: meta.name,
+        namespace: meta.namespace,
+        owner_references: meta.owner_references,
+        resource_version: meta.resource_version,
+        self_link: meta.self_link,
+        uid: meta.uid,
+    })
+}
 
 #[path = "wire_protobuf.rs"]
 mod protobuf;

@@ -99,3 +99,53 @@ fn a_pod_read_through_the_wire_type_projects_as_a_whole_pod() {
         "the rich pod exercises the named ports, sidecars, terminating and Ready"
     );
 }
+
+/// Every metadata field kube-apiserver sets on an Endpoints, managedFields
+/// included, as the answer to an update carries them.
+#[test]
+fn endpoints_metadata_reads_as_whole_less_managed_fields() {
+    let endpoints = json!({
+        "kind": "Endpoints",
+        "apiVersion": "v1",
+        "metadata": {
+            "name": "web",
+            "generateName": "we",
+            "namespace": "shop",
+            "selfLink": "/api/v1/namespaces/shop/endpoints/web",
+            "uid": "0b5c0d6e-4f5a-4e8e-9d0c-0a1b2c3d4e5f",
+            "resourceVersion": "4711",
+            "generation": 3,
+            "creationTimestamp": "2026-11-26T10:00:00Z",
+            "deletionTimestamp": "2026-11-26T11:00:00Z",
+            "deletionGracePeriodSeconds": 30,
+            "labels": {"app": "web", "endpoints.kubernetes.io/managed-by": "endpoints-guard"},
+            "annotations": {"endpoints.kubernetes.io/last-change-trigger-time": "2026-11-26T10:59:59Z"},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Service", "name": "web", "uid": "u-1"}],
+            "finalizers": ["example.com/keep"],
+            "managedFields": [{
+                "manager": "endpoints-guard",
+                "operation": "Update",
+                "apiVersion": "v1",
+                "time": "2026-11-26T10:59:59Z",
+                "fieldsType": "FieldsV1",
+                "fieldsV1": {"f:metadata": {"f:labels": {".": {}, "f:app": {}}}, "f:subsets": {}}
+            }]
+        },
+        "subsets": [{"addresses": [{"ip": "10.0.0.1"}], "ports": [{"port": 80, "protocol": "TCP"}]}]
+    })
+    .to_string();
+    let whole: k8s_openapi::api::core::v1::Endpoints =
+        serde_json::from_str(&endpoints).unwrap_or_else(|err| panic!("whole: {err}"));
+    let wire: super::EndpointsWire =
+        serde_json::from_str(&endpoints).unwrap_or_else(|err| panic!("wire: {err}"));
+    assert!(whole.metadata.managed_fields.is_some());
+    let mut expected = whole.metadata;
+    expected.managed_fields = None;
+    assert_eq!(wire.metadata, expected);
+    assert_eq!(
+        wire.subsets.map(|raw| raw.get().to_string()),
+        Some(
+            r#"[{"addresses":[{"ip":"10.0.0.1"}],"ports":[{"port":80,"protocol":"TCP"}]}]"#.into()
+        )
+    );
+}

@@ -12,7 +12,7 @@ use super::capacity::{
     truncate_subsets,
 };
 use super::equality::subsets_equal_ignoring_resource_version;
-use super::repack::{AppProtocolIdentity, repack_subsets};
+use super::repack::{AppProtocolIdentity, repack_may_equal, repack_subsets};
 use super::trigger::set_trigger_time_annotation;
 use super::{ComputedSubsets, LABEL_MANAGED_BY};
 
@@ -146,10 +146,11 @@ pub fn needs_write(
     }
     let current_subsets = current.subsets.as_deref().unwrap_or_default();
     let subsets_equal = subsets_equal_ignoring_resource_version(current_subsets, &computed.subsets)
-        || subsets_equal_ignoring_resource_version(
-            &repack_subsets(current_subsets, AppProtocolIdentity::ByOccurrence),
-            &computed.subsets,
-        );
+        || (repack_may_equal(current_subsets, &computed.subsets)
+            && subsets_equal_ignoring_resource_version(
+                &repack_subsets(current_subsets, AppProtocolIdentity::ByOccurrence),
+                &computed.subsets,
+            ));
     let up_to_date = subsets_equal
         && labels_correct(
             current.metadata.labels.as_ref(),

@@ -65,7 +65,7 @@ pub(crate) fn repack_subsets(
     identity: AppProtocolIdentity,
 ) -> Vec<EndpointSubset> {
     let mut addresses: Vec<&EndpointAddress> = Vec::new();
-    let mut address_index: BTreeMap<(&str, &str), usize> = BTreeMap::new();
+    let mut address_index: BTreeMap<AddressKey, usize> = BTreeMap::new();
     let mut ports: Vec<PortEntry> = Vec::new();
     let mut port_index: BTreeMap<PortKey, usize> = BTreeMap::new();
     let mut occurrences = 0usize;
@@ -86,18 +86,12 @@ pub(crate) fn repack_subsets(
                 .map(|a| (a, true))
                 .chain(not_ready.iter().map(|a| (a, false)));
             for (address, is_ready) in tagged {
-                let address_key = (
-                    address.ip.as_str(),
-                    address
-                        .target_ref
-                        .as_ref()
-                        .and_then(|r| r.uid.as_deref())
-                        .unwrap_or_default(),
-                );
-                let address_at = *address_index.entry(address_key).or_insert_with(|| {
-                    addresses.push(address);
-                    addresses.len() - 1
-                });
+                let address_at = *address_index
+                    .entry(address_key(address))
+                    .or_insert_with(|| {
+                        addresses.push(address);
+                        addresses.len() - 1
+                    });
                 let at = match (port_at, key.take()) {
                     (Some(at), _) => at,
                     (None, Some(key)) => *port_index.entry(key).or_insert_with(|| {
@@ -184,6 +178,44 @@ fn address_order(address: &EndpointAddress) -> (&str, bool, &str) {
         .as_ref()
         .map(|r| r.uid.as_deref().unwrap_or(""));
     (address.ip.as_str(), uid.is_some(), uid.unwrap_or(""))
+}
+
+/// An address as repacking de-duplicates it: IP and targetRef UID (absent
+/// reads as "", as in [`repack_subsets`]).
+type AddressKey<'a> = (&'a str, &'a str);
+
+fn address_key(address: &EndpointAddress) -> AddressKey<'_> {
+    let uid = address.target_ref.as_ref().and_then(|r| r.uid.as_deref());
+    (address.ip.as_str(), uid.unwrap_or_default())
+}
+
+/// The address keys of `subsets`, sorted and de-duplicated: all of them, and
+/// those listed as not ready somewhere.
+fn address_key_sets(subsets: &[EndpointSubset]) -> (Vec<AddressKey<'_>>, Vec<AddressKey<'_>>) {
+    let mut all = Vec::new();
+    let mut not_ready = Vec::new();
+    for subset in subsets {
+        all.extend(subset.addresses.iter().flatten().map(address_key));
+        not_ready.extend(subset.not_ready_addresses.iter().flatten().map(address_key));
+    }
+    all.extend_from_slice(&not_ready);
+    for keys in [&mut all, &mut not_ready] {
+        keys.sort_unstable();
+        keys.dedup();
+    }
+    (all, not_ready)
+}
+
+/// Whether repacking `subsets` could give `repacked` (subsets in the form
+/// [`repack_subsets`] returns): false only when it cannot, so a caller may
+/// skip the repack. Repacking keeps every address key (one copy of each), and
+/// a key listed as not ready for some port stays not ready for it; so the set
+/// of keys and the set of keys not ready somewhere are the same before and
+/// after. If either differs from `repacked`'s, the repack cannot equal it.
+/// A pod turning ready or not ready moves its key in or out of the second
+/// set, which is why this check decides most updates.
+pub(crate) fn repack_may_equal(subsets: &[EndpointSubset], repacked: &[EndpointSubset]) -> bool {
+    address_key_sets(subsets) == address_key_sets(repacked)
 }
 
 /// Upstream's SortSubsets.
