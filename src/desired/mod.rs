@@ -57,7 +57,7 @@ pub use pod_info::{NamedPortRef, PodInfo};
 pub use trigger::{ANNOTATION_LAST_CHANGE_TRIGGER_TIME, format_rfc3339_nano, trigger_time};
 
 use ip::{GoIp, IpFamily, family_of_text};
-use repack::{AppProtocolIdentity, repack_subsets};
+use repack::{AppProtocolIdentity, repack_owned_subsets};
 
 /// Label naming the controller that manages an Endpoints object.
 pub const LABEL_MANAGED_BY: &str = "endpoints.kubernetes.io/managed-by";
@@ -209,7 +209,7 @@ pub fn compute_subsets(svc: &Service, pods: &[&PodInfo]) -> ComputedSubsets {
         }
     }
     ComputedSubsets {
-        subsets: repack_subsets(&expanded, AppProtocolIdentity::ByValue),
+        subsets: repack_owned_subsets(expanded, AppProtocolIdentity::ByValue),
     }
 }
 

@@ -54,6 +54,33 @@ struct PortEntry<'a> {
     readiness: BTreeMap<usize, bool>,
 }
 
+/// Where an address sits in the subsets being repacked: subset, list (ready
+/// or not), position.
+#[derive(Clone, Copy)]
+struct AddressAt {
+    subset: usize,
+    ready: bool,
+    index: usize,
+}
+
+impl AddressAt {
+    fn list(self, subsets: &mut [EndpointSubset]) -> Option<&mut Vec<EndpointAddress>> {
+        let subset = subsets.get_mut(self.subset)?;
+        if self.ready {
+            subset.addresses.as_mut()
+        } else {
+            subset.not_ready_addresses.as_mut()
+        }
+    }
+}
+
+/// Ports grouped by the exact set of (address number, ready) they are
+/// offered on; address number `n` is the first copy of its key, `addresses[n]`.
+struct Grouping {
+    addresses: Vec<AddressAt>,
+    groups: BTreeMap<Vec<(usize, bool)>, Vec<EndpointPort>>,
+}
+
 /// Repack and sort subsets into upstream's canonical form.
 ///
 /// Addresses and ports are borrowed while grouping; each address is cloned
@@ -64,13 +91,63 @@ pub(crate) fn repack_subsets(
     subsets: &[EndpointSubset],
     identity: AppProtocolIdentity,
 ) -> Vec<EndpointSubset> {
-    let mut addresses: Vec<&EndpointAddress> = Vec::new();
+    let grouping = group(subsets, identity);
+    let addresses: Vec<&EndpointAddress> = grouping
+        .addresses
+        .iter()
+        .filter_map(|at| {
+            let subset = subsets.get(at.subset)?;
+            let list = if at.ready {
+                &subset.addresses
+            } else {
+                &subset.not_ready_addresses
+            };
+            list.as_ref()?.get(at.index)
+        })
+        .collect();
+    emit(grouping.groups, |n| {
+        addresses.get(n).map(|a| (*a).clone()).unwrap_or_default()
+    })
+}
+
+/// [`repack_subsets`] of subsets it may consume: an address is moved into its
+/// last place in the result instead of being cloned and its original dropped.
+pub(crate) fn repack_owned_subsets(
+    mut subsets: Vec<EndpointSubset>,
+    identity: AppProtocolIdentity,
+) -> Vec<EndpointSubset> {
+    let Grouping { addresses, groups } = group(&subsets, identity);
+    let mut uses = vec![0usize; addresses.len()];
+    for (n, _) in groups.keys().flatten() {
+        if let Some(count) = uses.get_mut(*n) {
+            *count += 1;
+        }
+    }
+    emit(groups, |n| {
+        let Some(at) = addresses.get(n).copied() else {
+            return EndpointAddress::default();
+        };
+        let Some(address) = at.list(&mut subsets).and_then(|l| l.get_mut(at.index)) else {
+            return EndpointAddress::default();
+        };
+        match uses.get_mut(n) {
+            Some(count) if *count > 1 => {
+                *count -= 1;
+                address.clone()
+            }
+            _ => std::mem::take(address),
+        }
+    })
+}
+
+fn group(subsets: &[EndpointSubset], identity: AppProtocolIdentity) -> Grouping {
+    let mut addresses: Vec<AddressAt> = Vec::new();
     let mut address_index: BTreeMap<AddressKey, usize> = BTreeMap::new();
     let mut ports: Vec<PortEntry> = Vec::new();
     let mut port_index: BTreeMap<PortKey, usize> = BTreeMap::new();
     let mut occurrences = 0usize;
 
-    for subset in subsets {
+    for (subset_at, subset) in subsets.iter().enumerate() {
         let subset_ports: Vec<Option<&EndpointPort>> = match subset.ports.as_deref() {
             Some(list) if !list.is_empty() => list.iter().map(Some).collect(),
             _ => vec![None],
@@ -83,13 +160,23 @@ pub(crate) fn repack_subsets(
             let mut port_at: Option<usize> = None;
             let tagged = ready
                 .iter()
-                .map(|a| (a, true))
-                .chain(not_ready.iter().map(|a| (a, false)));
-            for (address, is_ready) in tagged {
+                .enumerate()
+                .map(|(index, a)| (a, true, index))
+                .chain(
+                    not_ready
+                        .iter()
+                        .enumerate()
+                        .map(|(index, a)| (a, false, index)),
+                );
+            for (address, is_ready, index) in tagged {
                 let address_at = *address_index
                     .entry(address_key(address))
                     .or_insert_with(|| {
-                        addresses.push(address);
+                        addresses.push(AddressAt {
+                            subset: subset_at,
+                            ready: is_ready,
+                            index,
+                        });
                         addresses.len() - 1
                     });
                 let at = match (port_at, key.take()) {
@@ -111,7 +198,6 @@ pub(crate) fn repack_subsets(
         }
     }
 
-    // Group ports by the exact set of (address, readiness) they are offered on.
     let mut groups: BTreeMap<Vec<(usize, bool)>, Vec<EndpointPort>> = BTreeMap::new();
     for entry in ports {
         let members: Vec<(usize, bool)> = entry.readiness.into_iter().collect();
@@ -120,15 +206,23 @@ pub(crate) fn repack_subsets(
             group.push(port.clone());
         }
     }
+    Grouping { addresses, groups }
+}
 
+/// The subsets of `groups`, sorted; `address(n)` gives address number `n`
+/// each time a group lists it, in the groups' order.
+fn emit(
+    groups: BTreeMap<Vec<(usize, bool)>, Vec<EndpointPort>>,
+    mut address: impl FnMut(usize) -> EndpointAddress,
+) -> Vec<EndpointSubset> {
     let repacked: Vec<EndpointSubset> = groups
         .into_iter()
         .map(|(members, group_ports)| {
-            let pick = |wanted: bool| -> Option<Vec<EndpointAddress>> {
+            let mut pick = |wanted: bool| -> Option<Vec<EndpointAddress>> {
                 let list: Vec<EndpointAddress> = members
                     .iter()
                     .filter(|(_, ready)| *ready == wanted)
-                    .map(|(at, _)| addresses[*at].clone())
+                    .map(|(n, _)| address(*n))
                     .collect();
                 (!list.is_empty()).then_some(list)
             };

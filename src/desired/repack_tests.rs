@@ -279,7 +279,7 @@ impl Cases {
 }
 
 #[test]
-fn repack_may_equal_is_false_only_when_the_repack_differs() {
+fn repack_may_equal_is_false_only_when_the_repack_differs_and_owned_repacks_agree() {
     let mut cases = Cases(0x9e37_79b9_7f4a_7c15);
     let (mut equal, mut skipped) = (0, 0);
     for _ in 0..5_000 {
@@ -292,6 +292,16 @@ fn repack_may_equal_is_false_only_when_the_repack_differs() {
             repack_subsets(&cases.subsets(), AppProtocolIdentity::ByValue)
         };
         let repacked = repack_subsets(&current, AppProtocolIdentity::ByOccurrence);
+        for identity in [
+            AppProtocolIdentity::ByValue,
+            AppProtocolIdentity::ByOccurrence,
+        ] {
+            assert_eq!(
+                repack_owned_subsets(current.clone(), identity),
+                repack_subsets(&current, identity),
+                "moving the addresses repacks as cloning them does"
+            );
+        }
         let really_equal =
             crate::desired::equality::subsets_equal_ignoring_resource_version(&repacked, &target);
         let may = repack_may_equal(&current, &target);
