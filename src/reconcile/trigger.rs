@@ -33,8 +33,11 @@ impl TriggerTimes {
         let mut states = self.states.lock().unwrap_or_else(|e| e.into_inner());
         let previous = states.remove(key);
         let first_sync = previous.is_none();
-        let previous = previous.unwrap_or_default();
-        let mut next = ServiceState::default();
+        let mut previous = previous.unwrap_or_default();
+        let mut next = ServiceState {
+            pod_times: HashMap::with_capacity(pods.len()),
+            service_time: None,
+        };
         let mut earliest: Option<Timestamp> = None;
         let mut consider = |t: Timestamp| {
             earliest = Some(earliest.map_or(t, |e| e.min(t)));
@@ -43,14 +46,16 @@ impl TriggerTimes {
             let Some(t) = pod.ready_transition() else {
                 continue;
             };
-            if previous
-                .pod_times
-                .get(pod.name())
-                .is_none_or(|seen| t > *seen)
-            {
+            // A pod's name moves from the previous state to the next (a
+            // reconcile per pod flip; pod names are unique in a namespace).
+            let (name, seen) = match previous.pod_times.remove_entry(pod.name()) {
+                Some((name, seen)) => (name, Some(seen)),
+                None => (pod.name().to_string(), None),
+            };
+            if seen.is_none_or(|seen| t > seen) {
                 consider(t);
             }
-            next.pod_times.insert(pod.name().to_string(), t);
+            next.pod_times.insert(name, t);
         }
         if let Some(t) = service_created {
             if previous.service_time.is_none_or(|seen| t > seen) {
