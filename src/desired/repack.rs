@@ -64,13 +64,24 @@ struct AddressAt {
 }
 
 impl AddressAt {
-    fn list(self, subsets: &mut [EndpointSubset]) -> Option<&mut Vec<EndpointAddress>> {
-        let subset = subsets.get_mut(self.subset)?;
-        if self.ready {
-            subset.addresses.as_mut()
+    fn get(self, subsets: &[EndpointSubset]) -> Option<&EndpointAddress> {
+        let subset = subsets.get(self.subset)?;
+        let list = if self.ready {
+            &subset.addresses
         } else {
-            subset.not_ready_addresses.as_mut()
-        }
+            &subset.not_ready_addresses
+        };
+        list.as_ref()?.get(self.index)
+    }
+
+    fn get_mut(self, subsets: &mut [EndpointSubset]) -> Option<&mut EndpointAddress> {
+        let subset = subsets.get_mut(self.subset)?;
+        let list = if self.ready {
+            &mut subset.addresses
+        } else {
+            &mut subset.not_ready_addresses
+        };
+        list.as_mut()?.get_mut(self.index)
     }
 }
 
@@ -91,22 +102,13 @@ pub(crate) fn repack_subsets(
     subsets: &[EndpointSubset],
     identity: AppProtocolIdentity,
 ) -> Vec<EndpointSubset> {
-    let grouping = group(subsets, identity);
-    let addresses: Vec<&EndpointAddress> = grouping
-        .addresses
-        .iter()
-        .filter_map(|at| {
-            let subset = subsets.get(at.subset)?;
-            let list = if at.ready {
-                &subset.addresses
-            } else {
-                &subset.not_ready_addresses
-            };
-            list.as_ref()?.get(at.index)
-        })
-        .collect();
-    emit(grouping.groups, |n| {
-        addresses.get(n).map(|a| (*a).clone()).unwrap_or_default()
+    let Grouping { addresses, groups } = group(subsets, identity);
+    emit(groups, |n| {
+        addresses
+            .get(n)
+            .and_then(|at| at.get(subsets))
+            .cloned()
+            .unwrap_or_default()
     })
 }
 
@@ -124,10 +126,7 @@ pub(crate) fn repack_owned_subsets(
         }
     }
     emit(groups, |n| {
-        let Some(at) = addresses.get(n).copied() else {
-            return EndpointAddress::default();
-        };
-        let Some(address) = at.list(&mut subsets).and_then(|l| l.get_mut(at.index)) else {
+        let Some(address) = addresses.get(n).and_then(|at| at.get_mut(&mut subsets)) else {
             return EndpointAddress::default();
         };
         match uses.get_mut(n) {
