@@ -6,6 +6,9 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 
+use crate::desired::ManagedBy;
+pub use crate::desired::scope::Scope;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Mode {
     /// Keep Endpoints in sync with Services and Pods.
@@ -121,12 +124,30 @@ pub struct Config {
     #[arg(long, env = "EG_MAX_ENDPOINTS_PER_SLICE", default_value_t = 100, value_parser = clap::value_parser!(u16).range(1..=1000))]
     pub max_endpoints_per_slice: u16,
 
+    /// Which Services are handled: all (every Service with a selector, in
+    /// place of kube-controller-manager's Endpoints and EndpointSlice
+    /// controllers, which must be turned off) or opt-in (only Services
+    /// labelled endpoints-guard/opt-in=true, with their selector in the
+    /// annotation endpoints-guard/selector, beside upstream's controllers;
+    /// docs/opt-in.md).
+    #[arg(long, env = "EG_SCOPE", value_enum, default_value_t = Scope::All)]
+    pub scope: Scope,
+
+    /// In opt-in scope, how long the objects of a Service that opted out
+    /// stay when upstream's controllers do not publish the same ready
+    /// endpoints (the Service got no selector back, say); they go at once
+    /// when upstream's do.
+    #[arg(long, env = "EG_OPT_OUT_GRACE", default_value = "5m", value_parser = parse_duration)]
+    pub opt_out_grace: Duration,
+
     /// The managed-by labels written: upstream (`endpoint-controller` on
     /// Endpoints, `endpointslice-controller.k8s.io` on EndpointSlices, as
-    /// conformance requires) or own (`endpoints-guard` on both). Objects with
-    /// either value are taken as this controller's.
-    #[arg(long, env = "EG_MANAGED_BY", value_enum, default_value_t = crate::desired::ManagedBy::Upstream)]
-    pub managed_by: crate::desired::ManagedBy,
+    /// conformance requires; the default in all scope) or own
+    /// (`endpoints-guard` on both; always in opt-in scope, where upstream's
+    /// controllers would take objects with their values as theirs). In all
+    /// scope objects with either value are taken as this controller's.
+    #[arg(long, env = "EG_MANAGED_BY", value_enum)]
+    pub managed_by: Option<crate::desired::ManagedBy>,
 
     /// enforce: keep Endpoints and EndpointSlices in sync. audit: only watch
     /// and report.
@@ -303,6 +324,16 @@ impl Config {
         Controllers::of(&self.controllers)
     }
 
+    /// The managed-by values written: `--managed-by`, else upstream's in all
+    /// scope and ours in opt-in scope.
+    pub fn managed_by(&self) -> ManagedBy {
+        match (self.scope, self.managed_by) {
+            (_, Some(given)) => given,
+            (Scope::All, None) => ManagedBy::Upstream,
+            (Scope::OptIn, None) => ManagedBy::Own,
+        }
+    }
+
     /// Checks what clap cannot check flag by flag: called before anything
     /// touches the network, so a bad combination is one clear line at once.
     pub fn validate(&self) -> Result<(), String> {
@@ -310,6 +341,14 @@ impl Config {
             return Err(
                 "--controllers names no controller (use endpoints, endpointslices or both)".into(),
             );
+        }
+        if self.scope == Scope::OptIn {
+            if self.managed_by() != ManagedBy::Own {
+                return Err("--scope opt-in writes its own managed-by value: upstream's controllers, still running, would take objects labelled with theirs (drop --managed-by upstream)".into());
+            }
+            if self.controller_set() != Controllers::ALL {
+                return Err("--scope opt-in runs both controllers: an opted-in Service's Endpoints that nobody rewrites stay frozen and are mirrored into slices (drop --controllers)".into());
+            }
         }
         if self.leader_elect {
             let duration = self.leader_election_lease_duration;
@@ -468,7 +507,7 @@ mod tests {
             "--managed-by=own",
         ])
         .expect("parse");
-        assert_eq!(cfg.managed_by, crate::desired::ManagedBy::Own);
+        assert_eq!(cfg.managed_by(), ManagedBy::Own);
         assert_eq!(cfg.workers, 3);
     }
 
@@ -571,6 +610,30 @@ mod tests {
         assert_eq!(cfg.leader_election_lease_duration, Duration::from_secs(15));
         let cfg = Config::try_parse_from(["endpoints-guard", "--leader-elect"]).expect("parse");
         assert!(cfg.leader_elect);
+    }
+
+    #[test]
+    fn scope_flags() {
+        let cfg = Config::try_parse_from(["endpoints-guard"]).expect("defaults parse");
+        assert_eq!(cfg.scope, Scope::All);
+        assert_eq!(cfg.managed_by(), ManagedBy::Upstream);
+        assert_eq!(cfg.opt_out_grace, Duration::from_secs(300));
+        let cfg = Config::try_parse_from(["endpoints-guard", "--scope=opt-in"]).expect("parse");
+        assert_eq!(cfg.scope, Scope::OptIn);
+        assert_eq!(cfg.managed_by(), ManagedBy::Own, "opt-in writes its own");
+        assert_eq!(cfg.validate(), Ok(()));
+        let upstream =
+            Config::try_parse_from(["endpoints-guard", "--scope=opt-in", "--managed-by=upstream"])
+                .expect("parse");
+        assert!(upstream.validate().is_err(), "upstream's labels in opt-in scope");
+        let one = Config::try_parse_from([
+            "endpoints-guard",
+            "--scope=opt-in",
+            "--controllers=endpointslices",
+        ])
+        .expect("parse");
+        assert!(one.validate().is_err(), "opt-in runs both controllers");
+        assert!(Config::try_parse_from(["endpoints-guard", "--scope=some"]).is_err());
     }
 
     #[test]

@@ -109,7 +109,10 @@ pub async fn start(
         endpoints: Work::new(cfg.max_retries),
         slices: Work::new(cfg.max_retries),
         max_endpoints_per_slice: usize::from(cfg.max_endpoints_per_slice),
-        managed_by: cfg.managed_by,
+        managed_by: cfg.managed_by(),
+        scope: cfg.scope,
+        opt_out_grace: cfg.opt_out_grace,
+        frozen: Default::default(),
         leader: leadership.receiver(),
     });
 

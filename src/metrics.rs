@@ -16,6 +16,7 @@ use prometheus::{
 };
 
 use crate::config::Controller;
+use crate::desired::scope::Invalid;
 use crate::error::{Error, Result};
 use crate::reconcile::guard::PREVENTION_REASONS;
 use hardened_watcher::{DriftKind, RestartReason, StaleReason};
@@ -115,6 +116,8 @@ pub struct Metrics {
     pub ghosts_found: IntCounterVec,
     pub ghost_scan_reads: IntCounter,
     pub ghost_scan_pass_seconds: Gauge,
+    pub endpoints_restored: IntCounter,
+    pub opt_in_frozen: IntGaugeVec,
 }
 
 /// The metrics that describe the process rather than the controller:
@@ -369,6 +372,17 @@ impl Metrics {
                 "ghost_scan_pass_seconds",
                 "How long the last complete pass of the ghost scan over every pod named by our Endpoints and every Service with Endpoints took.",
             ))?,
+            endpoints_restored: IntCounter::with_opts(opts(
+                "endpoints_restored_total",
+                "Endpoints of ours that someone else deleted while their Service was handled (kube-controller-manager's Endpoints controller on a stale cache, in opt-in scope), made again.",
+            ))?,
+            opt_in_frozen: IntGaugeVec::new(
+                opts(
+                    "opt_in_frozen_services",
+                    "Services opted in with an unusable opt-in (selector missing, malformed or empty; a bad label or annotation value; ExternalName), whose published endpoints are left as they are, by reason.",
+                ),
+                &["reason"],
+            )?,
         })
     }
 
@@ -410,6 +424,10 @@ impl Metrics {
         zero(&self.queue_depth, &[&controllers])?;
         zero(&self.store_rewinds, &[RESOURCES])?;
         zero(&self.ghosts_found, &[RESOURCES])?;
+        zero(
+            &self.opt_in_frozen,
+            &[&labels_of(&Invalid::ALL, |i| i.metric_label())],
+        )?;
         Ok(())
     }
 
@@ -447,6 +465,8 @@ impl Metrics {
         r.register(Box::new(self.ghosts_found.clone()))?;
         r.register(Box::new(self.ghost_scan_reads.clone()))?;
         r.register(Box::new(self.ghost_scan_pass_seconds.clone()))?;
+        r.register(Box::new(self.endpoints_restored.clone()))?;
+        r.register(Box::new(self.opt_in_frozen.clone()))?;
         Ok(())
     }
 

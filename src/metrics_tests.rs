@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use prometheus::core::Collector;
 
 use super::*;
+use crate::desired::scope::Invalid;
 
 /// Stands in for the registry to list what `register_all` registers.
 #[derive(Default)]
@@ -182,6 +183,10 @@ fn every_fixed_label_value_is_exported() {
         ("queue_depth", every(&[&controllers])),
         ("store_rewinds_total", every(&[RESOURCES])),
         ("ghosts_found_total", every(&[RESOURCES])),
+        (
+            "opt_in_frozen_services",
+            every(&[&labels_of(&Invalid::ALL, |i| i.metric_label())]),
+        ),
         // revision before version.
         ("build_info", vec![vec![REVISION, VERSION]]),
     ]);

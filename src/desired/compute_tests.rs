@@ -65,7 +65,11 @@ fn which_services_are_handled() {
         ("empty selector handled", &empty_selector, true),
     ];
     for (case, svc, handled) in cases {
-        assert_eq!(managed_selector(svc).is_some(), handled, "{case}");
+        assert_eq!(
+            crate::desired::scope::spec_selector(svc).is_some(),
+            handled,
+            "{case}"
+        );
     }
 }
 

@@ -14,6 +14,7 @@ use super::capacity::{
 use super::equality::subsets_equal_ignoring_resource_version;
 use super::repack::{AppProtocolIdentity, repack_may_equal, repack_subsets};
 use super::trigger::set_trigger_time_annotation;
+use super::scope::LABEL_SKIP_MIRROR;
 use super::{ComputedSubsets, LABEL_MANAGED_BY};
 
 /// Label upstream puts on the Endpoints of a Service without a cluster IP.
@@ -29,16 +30,42 @@ pub(crate) fn has_cluster_ip(svc: &Service) -> bool {
     cluster_ip != "None" && !cluster_ip.is_empty()
 }
 
+/// The labels a controller marks the Endpoints it writes with, besides the
+/// Service's own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EndpointsMarks {
+    /// `endpoints.kubernetes.io/managed-by`.
+    pub managed_by: &'static str,
+    /// `endpointslice.kubernetes.io/skip-mirror: "true"`, so that
+    /// kube-controller-manager's mirroring controller leaves them alone (the
+    /// Endpoints of an opted-in Service, which has no selector).
+    pub skip_mirror: bool,
+}
+
+impl EndpointsMarks {
+    /// Only the managed-by label, as upstream marks its Endpoints.
+    pub fn managed_by(managed_by: &'static str) -> Self {
+        Self {
+            managed_by,
+            skip_mirror: false,
+        }
+    }
+}
+
 /// Labels of the written Endpoints: the Service's labels (replacing the old
-/// ones), the headless label exactly when there is no cluster IP, then managed-by.
-pub(crate) fn endpoints_labels(svc: &Service, managed_by: &str) -> BTreeMap<String, String> {
+/// ones), the headless label exactly when there is no cluster IP, then the
+/// marks.
+pub(crate) fn endpoints_labels(svc: &Service, marks: EndpointsMarks) -> BTreeMap<String, String> {
     let mut labels = svc.metadata.labels.clone().unwrap_or_default();
     if has_cluster_ip(svc) {
         labels.remove(LABEL_HEADLESS);
     } else {
         labels.insert(LABEL_HEADLESS.to_string(), String::new());
     }
-    labels.insert(LABEL_MANAGED_BY.to_string(), managed_by.to_string());
+    labels.insert(LABEL_MANAGED_BY.to_string(), marks.managed_by.to_string());
+    if marks.skip_mirror {
+        labels.insert(LABEL_SKIP_MIRROR.to_string(), "true".to_string());
+    }
     labels
 }
 
@@ -46,28 +73,37 @@ pub(crate) fn endpoints_labels(svc: &Service, managed_by: &str) -> BTreeMap<Stri
 /// directions (so adding or dropping it alone never causes a write), managed-by
 /// must be ours, and every other label must mirror the Service's. The count
 /// comparison is upstream's: a Service that itself carries one of the two
-/// skipped keys therefore never compares equal.
+/// skipped keys therefore never compares equal. The skip-mirror mark, when
+/// made, must be "true" and is not compared with the Service's labels (a
+/// Service may carry it too, so that upstream's Endpoints carry it before
+/// the Service opts in).
 pub(crate) fn labels_correct(
     endpoints_labels: Option<&BTreeMap<String, String>>,
     service_labels: Option<&BTreeMap<String, String>>,
-    managed_by: &str,
+    marks: EndpointsMarks,
 ) -> bool {
     let empty = BTreeMap::new();
     let current = endpoints_labels.unwrap_or(&empty);
     let wanted = service_labels.unwrap_or(&empty);
     // A missing label reads as "", as a Go map lookup does.
-    if current.get(LABEL_MANAGED_BY).map_or("", String::as_str) != managed_by {
+    let value = |key: &str| current.get(key).map_or("", String::as_str);
+    if value(LABEL_MANAGED_BY) != marks.managed_by {
         return false;
     }
+    if marks.skip_mirror && value(LABEL_SKIP_MIRROR) != "true" {
+        return false;
+    }
+    let marked = |key: &str| marks.skip_mirror && key == LABEL_SKIP_MIRROR;
     let mut skipped = 0;
     for (key, value) in current {
-        if key == LABEL_HEADLESS || key == LABEL_MANAGED_BY {
+        if key == LABEL_HEADLESS || key == LABEL_MANAGED_BY || marked(key) {
             skipped += 1;
         } else if wanted.get(key) != Some(value) {
             return false;
         }
     }
-    wanted.len() + skipped == current.len()
+    let wanted_count = wanted.keys().filter(|key| !marked(key)).count();
+    wanted_count + skipped == current.len()
 }
 
 /// Build the full Endpoints object to write.
@@ -76,7 +112,7 @@ pub fn build_endpoints(
     computed: ComputedSubsets,
     current: Option<&Endpoints>,
     trigger_time: Option<Timestamp>,
-    managed_by: &str,
+    marks: EndpointsMarks,
 ) -> Endpoints {
     // Upstream starts from a deep copy of the current object, so everything it
     // does not set (annotations, owner references, finalizers, the
@@ -113,7 +149,7 @@ pub fn build_endpoints(
         annotations.remove(ANNOTATION_OVER_CAPACITY);
     }
     endpoints.metadata.annotations = Some(annotations);
-    endpoints.metadata.labels = Some(endpoints_labels(svc, managed_by));
+    endpoints.metadata.labels = Some(endpoints_labels(svc, marks));
     endpoints
 }
 
@@ -130,7 +166,7 @@ pub fn needs_write(
     svc: &Service,
     computed: &ComputedSubsets,
     current: Option<&Endpoints>,
-    managed_by: &str,
+    marks: EndpointsMarks,
 ) -> bool {
     let Some(current) = current else {
         return true;
@@ -155,7 +191,7 @@ pub fn needs_write(
         && labels_correct(
             current.metadata.labels.as_ref(),
             svc.metadata.labels.as_ref(),
-            managed_by,
+            marks,
         )
         && capacity_annotation_correct(current.metadata.annotations.as_ref(), current_subsets);
     !up_to_date

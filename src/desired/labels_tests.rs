@@ -16,6 +16,10 @@ use crate::desired::{
     UPSTREAM_MANAGER, compute_subsets,
 };
 
+fn marks(managed_by: &'static str) -> EndpointsMarks {
+    EndpointsMarks::managed_by(managed_by)
+}
+
 fn labelled_service(labels: &[(&str, &str)]) -> Service {
     let mut svc = service(vec![service_port("http", 80, Some(IntOrString::Int(8080)))]);
     svc.metadata.labels = Some(string_map(labels));
@@ -30,7 +34,7 @@ fn computed_for(svc: &Service, pods: &[PodFields]) -> ComputedSubsets {
 
 /// What a previous write of ours looks like once stored (with a resourceVersion).
 fn stored(svc: &Service, computed: &ComputedSubsets) -> Endpoints {
-    let mut written = build_endpoints(svc, computed.clone(), None, None, MANAGER);
+    let mut written = build_endpoints(svc, computed.clone(), None, None, marks(MANAGER));
     written.metadata.resource_version = Some("5".into());
     written
 }
@@ -64,7 +68,7 @@ fn labels_rules() {
         ),
     ];
     for (case, svc, expected) in cases {
-        assert_eq!(endpoints_labels(svc, MANAGER), expected, "{case}");
+        assert_eq!(endpoints_labels(svc, marks(MANAGER)), expected, "{case}");
     }
 }
 
@@ -110,7 +114,7 @@ fn label_check_rules() {
     ];
     for (case, current, expected) in cases {
         assert_eq!(
-            labels_correct(Some(&current), Some(&svc_labels), MANAGER),
+            labels_correct(Some(&current), Some(&svc_labels), marks(MANAGER)),
             expected,
             "{case}"
         );
@@ -118,7 +122,7 @@ fn label_check_rules() {
     // Upstream's count check: a Service carrying the headless key never matches.
     let odd_service = string_map(&[(LABEL_HEADLESS, "")]);
     let current = string_map(&[(LABEL_HEADLESS, ""), (LABEL_MANAGED_BY, MANAGER)]);
-    assert!(!labels_correct(Some(&current), Some(&odd_service), MANAGER));
+    assert!(!labels_correct(Some(&current), Some(&odd_service), marks(MANAGER)));
 }
 
 #[test]
@@ -126,7 +130,7 @@ fn build_for_create() {
     let svc = labelled_service(&[("app", "web")]);
     let computed = computed_for(&svc, &[pod("a", "10.0.0.1")]);
     let trigger = "2024-03-05T06:08:09.5Z".parse::<Timestamp>().unwrap();
-    let built = build_endpoints(&svc, computed.clone(), None, Some(trigger), MANAGER);
+    let built = build_endpoints(&svc, computed.clone(), None, Some(trigger), marks(MANAGER));
     assert_eq!(built.metadata.name.as_deref(), Some("web"));
     assert_eq!(built.metadata.namespace.as_deref(), Some("default"));
     assert_eq!(built.metadata.resource_version, None);
@@ -175,7 +179,7 @@ fn build_for_update_keeps_annotations_and_metadata() {
         ComputedSubsets::default(),
         Some(&current),
         None,
-        MANAGER,
+        marks(MANAGER),
     );
     assert_eq!(
         built.metadata.resource_version.as_deref(),
@@ -212,7 +216,7 @@ fn build_truncates_and_marks_over_capacity() {
         1001,
         "computed subsets are not truncated"
     );
-    let built = build_endpoints(&svc, computed.clone(), None, None, MANAGER);
+    let built = build_endpoints(&svc, computed.clone(), None, None, marks(MANAGER));
     assert_eq!(
         crate::desired::capacity::address_count(built.subsets.as_deref().unwrap_or_default()),
         MAX_ADDRESSES
@@ -229,7 +233,7 @@ fn build_truncates_and_marks_over_capacity() {
     // Upstream compares the untruncated subsets, so an over-capacity object is always rewritten.
     let mut current = built;
     current.metadata.resource_version = Some("3".into());
-    assert!(needs_write(&svc, &computed, Some(&current), MANAGER));
+    assert!(needs_write(&svc, &computed, Some(&current), marks(MANAGER)));
 }
 
 #[test]
@@ -328,7 +332,7 @@ fn write_decisions() {
     ];
     for (case, current, expected) in cases {
         assert_eq!(
-            needs_write(&svc, &computed, current, MANAGER),
+            needs_write(&svc, &computed, current, marks(MANAGER)),
             expected,
             "{case}"
         );
@@ -341,7 +345,7 @@ fn nil_and_empty_subsets_are_equal() {
     let computed = ComputedSubsets::default();
     let mut current = stored(&svc, &computed);
     current.subsets = None;
-    assert!(!needs_write(&svc, &computed, Some(&current), MANAGER));
+    assert!(!needs_write(&svc, &computed, Some(&current), marks(MANAGER)));
 }
 
 #[test]
@@ -358,7 +362,7 @@ fn stored_object_with_extra_ready_address_needs_write() {
         addresses: Some(vec![extra]),
         ..computed.subsets[0].clone()
     }]);
-    assert!(needs_write(&svc, &computed, Some(&current), MANAGER));
+    assert!(needs_write(&svc, &computed, Some(&current), marks(MANAGER)));
 }
 
 /// `--managed-by`: upstream's values by default (what conformance specs check),
@@ -372,7 +376,7 @@ fn managed_by_flag_picks_the_written_values() {
 
     let parse = |args: &[&str]| {
         let argv = std::iter::once("endpoints-guard").chain(args.iter().copied());
-        Config::try_parse_from(argv).map(|c| c.managed_by)
+        Config::try_parse_from(argv).map(|c| c.managed_by())
     };
     let default = parse(&[]).expect("defaults parse");
     assert_eq!(default, ManagedBy::Upstream);
@@ -392,11 +396,11 @@ fn managed_by_flag_picks_the_written_values() {
     // to sweep, and upstream's label check passes only for the value written.
     for written in [ManagedBy::Upstream, ManagedBy::Own] {
         let svc = labelled_service(&[("app", "web")]);
-        let labels = endpoints_labels(&svc, written.endpoints());
+        let labels = endpoints_labels(&svc, marks(written.endpoints()));
         assert!(labels_correct(
             Some(&labels),
             svc.metadata.labels.as_ref(),
-            written.endpoints()
+            marks(written.endpoints())
         ));
         let other = if written == ManagedBy::Own {
             ManagedBy::Upstream
@@ -406,7 +410,48 @@ fn managed_by_flag_picks_the_written_values() {
         assert!(!labels_correct(
             Some(&labels),
             svc.metadata.labels.as_ref(),
-            other.endpoints()
+            marks(other.endpoints())
         ));
+    }
+}
+
+/// The Endpoints of an opted-in Service carry skip-mirror "true" besides
+/// managed-by; the label check wants both, and a Service that carries
+/// skip-mirror itself (so that upstream's Endpoints have it before the
+/// takeover) does not make every comparison fail.
+#[test]
+fn skip_mirror_mark() {
+    let opt_in = EndpointsMarks {
+        managed_by: MANAGER,
+        skip_mirror: true,
+    };
+    for service_labels in [
+        vec![("app", "web")],
+        vec![("app", "web"), (crate::desired::scope::LABEL_SKIP_MIRROR, "true")],
+    ] {
+        let svc = labelled_service(&service_labels);
+        let labels = endpoints_labels(&svc, opt_in);
+        assert_eq!(
+            labels
+                .get(crate::desired::scope::LABEL_SKIP_MIRROR)
+                .map(String::as_str),
+            Some("true")
+        );
+        assert!(
+            labels_correct(Some(&labels), svc.metadata.labels.as_ref(), opt_in),
+            "{service_labels:?}"
+        );
+        let mut unmarked = labels.clone();
+        unmarked.remove(crate::desired::scope::LABEL_SKIP_MIRROR);
+        assert!(!labels_correct(Some(&unmarked), svc.metadata.labels.as_ref(), opt_in));
+        let mut wrong = labels.clone();
+        wrong.insert(crate::desired::scope::LABEL_SKIP_MIRROR.into(), "false".into());
+        assert!(!labels_correct(Some(&wrong), svc.metadata.labels.as_ref(), opt_in));
+        let service_marks_itself = service_labels.len() == 2;
+        assert_eq!(
+            labels_correct(Some(&labels), svc.metadata.labels.as_ref(), marks(MANAGER)),
+            service_marks_itself,
+            "without the mark, skip-mirror is one of the Service's labels or a difference"
+        );
     }
 }

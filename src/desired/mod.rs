@@ -40,6 +40,7 @@ mod pod;
 mod pod_info;
 mod ports;
 mod repack;
+pub mod scope;
 pub mod slices;
 mod spew;
 mod trigger;
@@ -50,7 +51,7 @@ mod compute_tests;
 mod testkit;
 
 pub use capacity::{ANNOTATION_OVER_CAPACITY, MAX_ADDRESSES, OVER_CAPACITY_TRUNCATED};
-pub use labels::{LABEL_HEADLESS, build_endpoints, needs_write};
+pub use labels::{EndpointsMarks, LABEL_HEADLESS, build_endpoints, needs_write};
 pub(crate) use pod::spec_and_status_accessors;
 pub use pod::{ContainerView, NamedPort, PodFields, PodSource};
 pub use pod_info::{NamedPortRef, PodInfo};
@@ -105,17 +106,6 @@ impl ManagedBy {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ComputedSubsets {
     pub subsets: Vec<EndpointSubset>,
-}
-
-/// The selector of a Service this controller handles: not ExternalName and with
-/// a selector. A Service without one (`None`) gets its Endpoints from users; an
-/// empty selector selects every pod of the namespace.
-pub fn managed_selector(svc: &Service) -> Option<&BTreeMap<String, String>> {
-    let spec = svc.spec.as_ref()?;
-    if spec.type_.as_deref() == Some("ExternalName") {
-        return None;
-    }
-    spec.selector.as_ref()
 }
 
 /// A set of labels a selector can be matched against.

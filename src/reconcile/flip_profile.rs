@@ -124,14 +124,20 @@ fn expected_write(ctx: &Context, key: &ObjectKey, rv: u64) -> Value {
     let service = service
         .as_deref()
         .unwrap_or_else(|| panic!("no service {key}"));
-    let selector = desired::managed_selector(service).unwrap_or_else(|| panic!("selector"));
+    let selector = desired::scope::spec_selector(service).unwrap_or_else(|| panic!("selector"));
     let pods = sync::selected_pods(ctx, &key.namespace, selector);
     let refs: Vec<_> = pods.iter().map(AsRef::as_ref).collect();
     let current = ctx.stores.endpoints.get(key).map(|ep| ep.decode());
     let current = current.transpose().unwrap_or_else(|err| panic!("{err}"));
     let computed = desired::compute_subsets(service, &refs);
     let wanted =
-        desired::build_endpoints(service, computed, current.as_ref(), None, desired::MANAGER);
+        desired::build_endpoints(
+        service,
+        computed,
+        current.as_ref(),
+        None,
+        desired::EndpointsMarks::managed_by(desired::MANAGER),
+    );
     let mut value = serde_json::to_value(&wanted).unwrap_or_else(|err| panic!("{err}"));
     value["kind"] = json!("Endpoints");
     value["apiVersion"] = json!("v1");

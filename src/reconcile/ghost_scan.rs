@@ -373,6 +373,7 @@ async fn perform(ctx: &Arc<Context>, read: Read) -> Option<(Target, Verdict, Str
 /// and every Service with Endpoints or slices of ours, that the caches hold
 /// now; each once.
 fn targets(ctx: &Context) -> Vec<Target> {
+    let managers = ctx.scope.managers();
     // (Service key, the pods its objects name), from either controller.
     let mut named: Vec<(ObjectKey, Vec<String>)> = Vec::new();
     let endpoints: Vec<_> = ctx
@@ -380,7 +381,7 @@ fn targets(ctx: &Context) -> Vec<Target> {
         .endpoints
         .read()
         .iter()
-        .filter(|ep| ep.is_deletable())
+        .filter(|ep| managers.endpoints(ep.managed_by()))
         .cloned()
         .collect();
     for ep in endpoints {
@@ -395,7 +396,7 @@ fn targets(ctx: &Context) -> Vec<Target> {
         .slices
         .read()
         .iter()
-        .filter(|s| s.is_adoptable())
+        .filter(|s| s.is_ours(managers))
         .cloned()
         .collect();
     for slice in slices {

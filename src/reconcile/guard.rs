@@ -14,21 +14,30 @@ use kube::runtime::events::{Event, EventType};
 use tracing::{info, warn};
 
 use super::Context;
-use super::kinds::{CachedNode, CachedService, strip_managed_fields};
+use super::decide::Read;
+use super::kinds::{CachedNode, CachedService};
+use crate::desired::scope::Handling;
 use crate::config::Controller;
 use crate::desired::{self, PodInfo};
 use crate::error::{Error, Result};
-use hardened_watcher::{Cached, Confirmation, DeletionSource, LiveRead, ObjectKey, Whole, live};
+use hardened_watcher::{Cached, Confirmation, DeletionSource, LiveRead, ObjectKey, live};
 
-/// What a live read of a Service found.
-pub enum ServiceLookup {
-    Exists(Arc<CachedService>),
-    Gone,
-}
+/// Every value [`prevention_reason`] returns, and the reasons of a stale
+/// opt-out or takeover (add new ones here too): the metrics export each at 0
+/// from start-up.
+pub const PREVENTION_REASONS: &[&str] = &[
+    "watch_delete",
+    "missing_from_list",
+    "not_in_cache",
+    STALE_OPT_OUT,
+    STALE_TAKEOVER,
+];
 
-/// Every value [`prevention_reason`] returns (add new ones here too): the
-/// metrics export each at 0 from start-up.
-pub const PREVENTION_REASONS: &[&str] = &["watch_delete", "missing_from_list", "not_in_cache"];
+/// The cache showed a Service opted out that the API has opted in.
+const STALE_OPT_OUT: &str = "stale_opt_out";
+/// The cache showed an opted-in Service without its selector that the API
+/// has with one (or not opted in): upstream's objects stay upstream's.
+const STALE_TAKEOVER: &str = "stale_takeover";
 
 /// Why the cache lacked a Service that a live read found: the bounded `reason`
 /// label of `endpoints_guard_spurious_deletions_prevented_total`.
@@ -48,60 +57,90 @@ fn written(controller: Controller) -> &'static str {
     }
 }
 
-/// Reads the Service live for `controller`, which would delete what it made
-/// for the Service (a GET is served from etcd, so it is current). Only a
-/// NotFound naming this Service is "gone" (see `hardened_watcher::live`).
-pub async fn lookup_service(
+/// Reads the Service live for `controller`, which is about to remove what
+/// it made for the Service (`why`; a GET is served from etcd, so it is
+/// current), and puts what it found into the cache. Only a NotFound naming
+/// this Service is "gone" (see `hardened_watcher::live`). A read that
+/// contradicts the cache where it mattered (the Service exists after all;
+/// it is opted in after all; it has its selector after all) counts as a
+/// prevented deletion, with a Warning Event.
+pub async fn read_service(
     ctx: &Context,
     controller: Controller,
     key: &ObjectKey,
-) -> Result<ServiceLookup> {
+    why: Read,
+) -> Result<Option<Arc<CachedService>>> {
     let store = &ctx.stores.services;
     let stamp = store.read_stamp();
     let read = live::get::<Service>(&ctx.client, &(), key)
         .await
-        .map_err(|e| Error::kube("confirming the Service is gone", key.to_string(), e))?;
+        .map_err(|e| Error::kube("reading the Service live", key.to_string(), e))?;
     let tombstone = store
         .read()
         .tombstone(key)
         .map(|t| (t.source, t.last_known.uid().to_owned()));
-    let source = tombstone.as_ref().map(|(source, _)| *source);
-    match read {
+    let svc = match read {
         LiveRead::Gone => {
             if let Some((_, uid)) = tombstone {
                 store.confirm_deleted(key, &uid, Confirmation::LiveRead);
             }
-            Ok(ServiceLookup::Gone)
+            return Ok(None);
         }
-        LiveRead::Found(svc) => {
-            let reason = prevention_reason(source);
-            ctx.metrics
-                .spurious_deletions_prevented
-                .with_label_values(&[controller.metric_label(), reason])
-                .inc();
-            let what = written(controller);
-            warn!(
-                %key,
-                %controller,
-                reason,
-                "spurious {what} deletion prevented: the cache lacked the Service but the API has it"
+        LiveRead::Found(svc) => CachedService::new(svc),
+    };
+    store.restore(svc.clone(), &stamp);
+    let contradicted = match why {
+        Read::ServiceMissing => Some(prevention_reason(tombstone.map(|(source, _)| source))),
+        Read::OptOut => (svc.handling(ctx.scope) != Handling::OptedOut).then_some(STALE_OPT_OUT),
+        Read::Takeover => {
+            let takes_over = matches!(
+                svc.handling(ctx.scope),
+                Handling::Managed(m) if m.managers.upstream()
             );
-            store.restore(Whole(strip_managed_fields(svc.clone())), &stamp);
-            let note = format!(
-                "{what} deletion prevented: the watch cache lacked this Service ({reason}) but a live read found it; cache repaired"
-            );
-            publish(
-                ctx,
-                &svc_reference(key, svc.metadata.uid.clone()),
-                EventType::Warning,
-                "SpuriousDeletionPrevented",
-                "Guard",
-                note,
-            )
-            .await;
-            Ok(ServiceLookup::Exists(Arc::new(Whole(svc))))
+            (!takes_over).then_some(STALE_TAKEOVER)
         }
+    };
+    if let Some(reason) = contradicted {
+        report_prevention(ctx, controller, key, &svc, reason).await;
     }
+    Ok(Some(Arc::new(svc)))
+}
+
+async fn report_prevention(
+    ctx: &Context,
+    controller: Controller,
+    key: &ObjectKey,
+    svc: &CachedService,
+    reason: &'static str,
+) {
+    ctx.metrics
+        .spurious_deletions_prevented
+        .with_label_values(&[controller.metric_label(), reason])
+        .inc();
+    let what = written(controller);
+    let cause = match reason {
+        STALE_OPT_OUT => "the watch cache showed this Service opted out",
+        STALE_TAKEOVER => "the watch cache showed this Service opted in without its selector",
+        _ => "the watch cache lacked this Service",
+    };
+    warn!(
+        %key,
+        %controller,
+        reason,
+        "spurious {what} deletion prevented: {cause}, but a live read disagrees"
+    );
+    let note = format!(
+        "{what} deletion prevented: {cause} ({reason}) but a live read disagrees; cache repaired"
+    );
+    publish(
+        ctx,
+        &svc_reference(key, svc.metadata.uid.clone()),
+        EventType::Warning,
+        "SpuriousDeletionPrevented",
+        "Guard",
+        note,
+    )
+    .await;
 }
 
 /// Pods named by what `controller` wrote (`referenced`: the targetRefs of
@@ -274,7 +313,7 @@ mod tests {
         let produced: HashSet<_> = DeletionSource::ALL
             .iter()
             .map(|s| prevention_reason(Some(*s)))
-            .chain([prevention_reason(None)])
+            .chain([prevention_reason(None), STALE_OPT_OUT, STALE_TAKEOVER])
             .collect();
         let listed: HashSet<_> = PREVENTION_REASONS.iter().copied().collect();
         assert_eq!(produced, listed);

@@ -7,10 +7,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use hardened_watcher::testing::Reply;
-use hardened_watcher::{ObjectKey, WatchEventKind, Whole};
+use hardened_watcher::{ObjectKey, WatchEventKind};
 use serde_json::json;
 
-use super::guard::{ServiceLookup, hold_unconfirmed_pod_deletions, lookup_service};
+use super::decide::Read;
+use super::guard::{hold_unconfirmed_pod_deletions, read_service};
+use super::kinds::CachedService;
 use super::kinds::pod_target_refs;
 use super::testkit::{endpoints, pod, scripted, service};
 use crate::config::Controller;
@@ -32,10 +34,10 @@ fn metric(ctx: &Context, series: &str) -> f64 {
 /// Service `web` cached, then deleted by a watch event: a tombstone.
 fn tombstoned_web(ctx: &Context) {
     let services = &ctx.stores.services;
-    services.apply_watch_event(WatchEventKind::Added, Whole(service(NS, "web", "web")));
+    services.apply_watch_event(WatchEventKind::Added, CachedService::new(service(NS, "web", "web")));
     let mut deleted = service(NS, "web", "web");
     deleted.metadata.resource_version = Some("2".into());
-    services.apply_watch_event(WatchEventKind::Deleted, Whole(deleted));
+    services.apply_watch_event(WatchEventKind::Deleted, CachedService::new(deleted));
 }
 
 fn web() -> ObjectKey {
@@ -54,8 +56,8 @@ fn forbidden() -> Reply {
 async fn a_not_found_status_naming_the_service_is_gone_and_confirms_the_tombstone() {
     let (peer, ctx) = scripted(vec![Reply::not_found("services", "web")]).await;
     tombstoned_web(&ctx);
-    let found = lookup_service(&ctx, Controller::Endpoints, &web()).await;
-    assert!(matches!(found, Ok(ServiceLookup::Gone)));
+    let found = read_service(&ctx, Controller::Endpoints, &web(), Read::ServiceMissing).await;
+    assert!(matches!(found, Ok(None)));
     assert!(ctx.stores.services.read().tombstone(&web()).is_none());
     assert_eq!(
         peer.requests()[0],
@@ -68,8 +70,8 @@ async fn a_service_found_is_restored_and_the_prevention_counted() {
     let live = serde_json::to_string(&service(NS, "web", "web")).unwrap_or_default();
     let (peer, ctx) = scripted(vec![Reply::Body(live)]).await;
     tombstoned_web(&ctx);
-    let found = lookup_service(&ctx, Controller::Endpoints, &web()).await;
-    assert!(matches!(found, Ok(ServiceLookup::Exists(_))));
+    let found = read_service(&ctx, Controller::Endpoints, &web(), Read::ServiceMissing).await;
+    assert!(matches!(found, Ok(Some(_))));
     assert!(ctx.stores.services.get(&web()).is_some(), "cache repaired");
     assert_eq!(
         metric(
@@ -100,7 +102,7 @@ async fn a_bare_404_a_403_or_a_timeout_is_an_error_that_confirms_nothing() {
     ] {
         let (_peer, ctx) = scripted(vec![reply]).await;
         tombstoned_web(&ctx);
-        let found = lookup_service(&ctx, Controller::Endpoints, &web()).await;
+        let found = read_service(&ctx, Controller::Endpoints, &web(), Read::ServiceMissing).await;
         assert!(found.is_err(), "{case}: {:?}", found.map(|_| ()));
         assert!(
             ctx.stores.services.read().tombstone(&web()).is_some(),

@@ -2,10 +2,12 @@
 //! reconcile of one Service for each controller (observe → desire → guard →
 //! apply), the deletion guard and the resync diff.
 
+pub mod decide;
 pub mod ghost_scan;
 pub mod guard;
 pub mod kinds;
 pub mod latency;
+pub mod opt_in;
 pub mod orphans;
 pub mod queue;
 pub mod resync;
@@ -23,11 +25,12 @@ mod sync_tests;
 pub(crate) mod testkit;
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use kube::runtime::events::Recorder;
 
 use crate::config::{Controller, Controllers, Mode};
+use crate::desired::scope::Scope;
 use crate::desired::{ManagedBy, PodInfo};
 use crate::metrics::Metrics;
 use crate::reconcile::kinds::{CachedEndpoints, CachedNode, CachedService, CachedSlice};
@@ -134,12 +137,15 @@ impl Default for Stores {
 }
 
 /// What each controller keeps of its own: its work queue, its trigger-time
-/// bookkeeping and the unmanaged orphans its reconcile found (the Endpoints
-/// controller's; the slice controller has none).
+/// bookkeeping, the unmanaged orphans its reconcile found and the deletions
+/// by others it restores (the Endpoints controller's; the slice controller
+/// has none), and the opt-outs waiting for upstream.
 pub struct Work {
     pub queue: Arc<WorkQueue<ObjectKey>>,
     pub trigger_times: trigger::TriggerTimes,
     pub unmanaged_orphans: orphans::UnmanagedOrphans,
+    pub restores: opt_in::Restores,
+    pub opt_outs: opt_in::OptOutClock,
 }
 
 impl Work {
@@ -148,6 +154,8 @@ impl Work {
             queue: WorkQueue::new(max_retries),
             trigger_times: Default::default(),
             unmanaged_orphans: Default::default(),
+            restores: Default::default(),
+            opt_outs: Default::default(),
         }
     }
 }
@@ -164,8 +172,15 @@ pub struct Context {
     /// The EndpointSlice controller's queue and trigger times.
     pub slices: Work,
     pub max_endpoints_per_slice: usize,
-    /// The managed-by values written (`--managed-by`).
+    /// The managed-by values written (`--managed-by`, or the scope's).
     pub managed_by: ManagedBy,
+    /// Which Services are handled (`--scope`).
+    pub scope: Scope,
+    /// How long the objects of an opted-out Service wait for upstream's to
+    /// cover them (`--opt-out-grace`).
+    pub opt_out_grace: Duration,
+    /// The Services an unusable opt-in freezes.
+    pub frozen: opt_in::FrozenServices,
     /// True while this instance may write: always without `--leader-elect`, else
     /// while it holds the leader Lease (see [`crate::leader`]).
     pub leader: tokio::sync::watch::Receiver<bool>,

@@ -19,6 +19,7 @@ use tracing::warn;
 
 use super::Context;
 use super::kinds::CachedEndpoints;
+use crate::desired::scope::Managers;
 use hardened_watcher::ObjectKey;
 
 /// The keys of the unmanaged orphan Endpoints, as last reconciled.
@@ -52,7 +53,10 @@ pub fn observe(
     service_cached: bool,
     endpoints: Option<&CachedEndpoints>,
 ) {
-    let orphan = !service_cached && endpoints.is_some_and(|ep| !ep.is_deletable());
+    // Upstream's Endpoints are upstream's to delete in opt-in scope, and ours
+    // to delete in all scope: an orphan is anybody else's.
+    let orphan = !service_cached
+        && endpoints.is_some_and(|ep| !Managers::OWN_AND_UPSTREAM.endpoints(ep.managed_by()));
     let gauge = ctx
         .metrics
         .unmanaged_orphans
@@ -70,7 +74,8 @@ pub fn observe(
 
 #[cfg(test)]
 mod tests {
-    use hardened_watcher::{ObjectKey, WatchEventKind, Whole};
+    use hardened_watcher::{ObjectKey, WatchEventKind};
+    use crate::reconcile::kinds::CachedService;
     use serde_json::json;
 
     use super::UnmanagedOrphans;
@@ -109,7 +114,7 @@ mod tests {
         .unwrap_or_else(|err| panic!("service: {err}"));
         ctx.stores
             .services
-            .apply_watch_event(WatchEventKind::Added, Whole(svc));
+            .apply_watch_event(WatchEventKind::Added, CachedService::new(svc));
     }
 
     #[test]

@@ -204,6 +204,16 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
         Retry::After(delay)
     }
 
+    /// Queues `key` after `delay` (a reconcile that waits for something
+    /// no watch event announces, such as the end of a grace period).
+    pub fn add_after(self: &Arc<Self>, key: K, delay: Duration) {
+        let queue = Arc::clone(self);
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            queue.add(key, None);
+        });
+    }
+
     pub fn len(&self) -> usize {
         self.lock().queue.len()
     }

@@ -18,7 +18,7 @@ use tracing::info;
 
 use super::{Context, enqueue_all};
 use crate::config::Controller;
-use crate::desired;
+use crate::desired::scope::{EndpointsRole, Handling};
 use crate::error::{Error, Result};
 use crate::reconcile::kinds::{Kind, KindVisitor, for_each_kind};
 use hardened_watcher::{Cached, Confirmation, ResyncReport, WatchError};
@@ -114,13 +114,14 @@ pub fn sweep(ctx: &Context) {
 }
 
 fn sweep_slices(ctx: &Context) {
+    let managers = ctx.scope.managers();
     let orphaned: Vec<_> = {
         let services = ctx.stores.services.read();
         ctx.stores
             .slices
             .read()
             .iter()
-            .filter(|slice| slice.is_adoptable())
+            .filter(|slice| slice.is_ours(managers))
             .filter_map(|slice| slice.service_key())
             .filter(|key| services.get(key).is_none())
             .collect()
@@ -144,7 +145,11 @@ fn sweep_endpoints(ctx: &Context) {
         }
     }
     for svc in services.iter() {
-        if desired::managed_selector(svc).is_some() && endpoints.get(&svc.key()).is_none() {
+        let writes = matches!(
+            svc.handling(ctx.scope),
+            Handling::Managed(m) if m.endpoints == EndpointsRole::Write
+        );
+        if writes && endpoints.get(&svc.key()).is_none() {
             ctx.enqueue_for(Controller::Endpoints, svc.key(), None);
         }
     }

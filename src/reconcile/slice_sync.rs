@@ -11,6 +11,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
+use std::time::Instant;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -18,7 +19,8 @@ use kube::Api;
 use kube::api::{DeleteParams, PostParams, Preconditions};
 use tracing::{debug, info, warn};
 
-use super::guard::{self, ServiceLookup};
+use super::decide::{Decision, Existing, Idle, Observed, Removal, decide};
+use super::guard;
 use super::kinds::{CachedService, CachedSlice, slice_pod_refs};
 use super::latency::WriteTimer;
 use super::sync::{self, Verb};
@@ -28,7 +30,8 @@ use crate::desired::slices::{
     self, DesiredSlices, HintMode, NodeInfo, PlanOptions, SlicePlan, UPSTREAM_SLICE_MANAGER,
     ZoneCapacity,
 };
-use crate::desired::{self, PodInfo};
+use crate::desired::PodInfo;
+use crate::desired::scope::{Handling, Managed, Managers};
 use crate::error::{Error, Result, api_code};
 use hardened_watcher::{Cached, ObjectKey, ReadStamp, live};
 
@@ -36,24 +39,84 @@ const CONTROLLER: Controller = Controller::Endpointslices;
 
 /// `timer` times the first write (see [`WriteTimer`]).
 pub async fn reconcile(ctx: &Context, key: &ObjectKey, timer: &WriteTimer) -> Result<()> {
-    let existing = kinds::slices_of(ctx, key);
-    let service = match ctx.stores.services.get(key) {
-        Some(svc) => svc,
-        None if existing.is_empty() => {
-            ctx.slices.trigger_times.forget(key);
-            sync::release_service_tombstone(ctx, key);
-            return Ok(());
+    // The Service as a live read found it, once one was made.
+    let mut live: Option<Option<Arc<CachedService>>> = None;
+    loop {
+        // Ours and upstream's: which of them are ours is the decision's.
+        let found = kinds::slices_of(ctx, key, Managers::OWN_AND_UPSTREAM);
+        let existing = Existing {
+            own: found.iter().any(|s| s.is_ours(Managers::OWN)),
+            upstream: found.iter().any(|s| !s.is_ours(Managers::OWN)),
+        };
+        let service = live
+            .clone()
+            .unwrap_or_else(|| ctx.stores.services.get(key));
+        let opted_out = service
+            .as_deref()
+            .is_some_and(|svc| svc.handling(ctx.scope) == Handling::OptedOut);
+        let decision = decide(&Observed {
+            scope: ctx.scope,
+            controller: CONTROLLER,
+            service: service.as_deref(),
+            read_live: live.is_some(),
+            existing,
+            covered: opted_out && existing.own && upstream_covers_ours(&found)?,
+            opted_out_for: ctx.slices.opt_outs.waited(key, Instant::now()),
+            opt_out_grace: ctx.opt_out_grace,
+        });
+        sync::follow_up(ctx, CONTROLLER, key, &decision).await;
+        match decision {
+            Decision::ReadService(why) => {
+                live = Some(guard::read_service(ctx, CONTROLLER, key, why).await?);
+            }
+            Decision::Idle(Idle::NoService) => {
+                ctx.slices.trigger_times.forget(key);
+                sync::release_service_tombstone(ctx, key);
+                return Ok(());
+            }
+            Decision::Idle(_) | Decision::Frozen(_) | Decision::Wait(_) => return Ok(()),
+            Decision::Remove { why, managers } => {
+                let ours: Vec<_> = found.into_iter().filter(|s| s.is_ours(managers)).collect();
+                return delete_all(ctx, key, &ours, why, timer).await;
+            }
+            Decision::Reconcile(managed) => {
+                let Some(service) = service.as_deref() else {
+                    return Ok(());
+                };
+                let ours: Vec<_> = found
+                    .into_iter()
+                    .filter(|s| s.is_ours(managed.managers))
+                    .collect();
+                return reconcile_content(ctx, key, service, &ours, managed, timer).await;
+            }
         }
-        None => match guard::lookup_service(ctx, CONTROLLER, key).await? {
-            ServiceLookup::Gone => return delete_all(ctx, key, &existing, timer).await,
-            ServiceLookup::Exists(svc) => svc,
-        },
+    }
+}
+
+/// Whether upstream's slices among `slices` publish every ready address ours
+/// do: then an opted-out Service loses nothing when ours go.
+fn upstream_covers_ours(found: &[Arc<CachedSlice>]) -> Result<bool> {
+    let (own, upstream): (Vec<_>, Vec<_>) = found.iter().partition(|s| s.is_ours(Managers::OWN));
+    let decode = |of: Vec<&Arc<CachedSlice>>| -> Result<Vec<EndpointSlice>> {
+        of.into_iter().map(|s| s.decode()).collect()
     };
-    // ExternalName and selector-less Services get no slices from a
-    // controller; what they have belongs to users (or the mirroring controller).
-    let Some(selector) = desired::managed_selector(&service) else {
-        return Ok(());
-    };
+    let (own, upstream) = (decode(own)?, decode(upstream)?);
+    Ok(slices::ready_addresses(&own).is_subset(&slices::ready_addresses(&upstream)))
+}
+
+/// The slices of a handled Service (`existing`: those whose managed-by the
+/// handling takes as ours): the guard holds the endpoints of pods whose
+/// deletion only the watch reported, and of pods on Nodes only the cache
+/// lacks; then the plan is made and written.
+async fn reconcile_content(
+    ctx: &Context,
+    key: &ObjectKey,
+    service: &CachedService,
+    existing: &[Arc<CachedSlice>],
+    managed: Managed<'_>,
+    timer: &WriteTimer,
+) -> Result<()> {
+    let selector = managed.selector;
     let current: Vec<EndpointSlice> = existing.iter().map(|s| s.decode()).collect::<Result<_>>()?;
     let mut pods = sync::selected_pods(ctx, &key.namespace, selector);
     guard::hold_unconfirmed_pod_deletions(
@@ -67,17 +130,12 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey, timer: &WriteTimer) -> Re
     .await?;
     let pod_refs: Vec<&PodInfo> = pods.iter().map(AsRef::as_ref).collect();
     let manager = compare_as(ctx, &current);
-    let Some(mut wanted) = desire(ctx, &service, &pod_refs, manager) else {
-        return Ok(());
-    };
+    let mut wanted = desire(ctx, service, &pod_refs, manager);
     let unknown_at_stake = nodes_at_stake(&wanted, &pod_refs, &current);
     if !unknown_at_stake.is_empty()
         && guard::hold_unconfirmed_nodes(ctx, &unknown_at_stake).await? > 0
     {
-        match desire(ctx, &service, &pod_refs, manager) {
-            Some(again) => wanted = again,
-            None => return Ok(()),
-        }
+        wanted = desire(ctx, service, &pod_refs, manager);
     }
     let zones = if wanted.hints == HintMode::Auto {
         ZoneCapacity::from_nodes(ctx.stores.nodes.read().iter().map(|n| &n.info))
@@ -89,6 +147,7 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey, timer: &WriteTimer) -> Re
     let options = PlanOptions {
         max_endpoints_per_slice: ctx.max_endpoints_per_slice,
         trigger_time: trigger,
+        managers: managed.managers,
     };
     let plan = slices::plan_slices(&wanted, &current, &zones, &options);
     if !plan.is_empty() {
@@ -111,7 +170,7 @@ fn desire(
     service: &CachedService,
     pods: &[&PodInfo],
     manager: &str,
-) -> Option<DesiredSlices> {
+) -> DesiredSlices {
     let nodes: HashMap<String, NodeInfo> = {
         let cache = ctx.stores.nodes.read();
         pods.iter()
@@ -270,13 +329,14 @@ fn release_dropped(
     sync::release_dropped_pods(ctx, &key.namespace, dropped);
 }
 
-/// Deletes every slice of ours for a Service a live read showed gone. Each
-/// delete carries the UID and resourceVersion read, so a slice changed or
-/// re-created since is not deleted.
+/// Deletes the slices the decision removes (after a live read of their
+/// Service). Each delete carries the UID and resourceVersion read, so a
+/// slice changed or re-created since is not deleted.
 async fn delete_all(
     ctx: &Context,
     key: &ObjectKey,
     existing: &[Arc<CachedSlice>],
+    why: Removal,
     timer: &WriteTimer,
 ) -> Result<()> {
     let plan = SlicePlan {
@@ -290,7 +350,7 @@ async fn delete_all(
     for slice in &plan.deletes {
         delete_one(ctx, &api, key, slice, timer).await?;
     }
-    info!(%key, slices = plan.deletes.len(), "deleted EndpointSlices of a Service confirmed gone");
+    info!(%key, slices = plan.deletes.len(), why = ?why, "deleted EndpointSlices");
     ctx.slices.trigger_times.forget(key);
     Ok(())
 }

@@ -3,6 +3,7 @@
 
 use std::fmt::Debug;
 use std::sync::Arc;
+use std::time::Instant;
 
 use k8s_openapi::api::core::v1::{Endpoints, ObjectReference};
 use kube::api::{DeleteParams, PostParams, Preconditions};
@@ -13,12 +14,14 @@ use tracing::{debug, info, warn};
 
 use std::collections::HashSet;
 
-use super::guard::{self, ServiceLookup};
-use super::kinds::{CachedEndpoints, managed_by, pod_target_refs};
+use super::decide::{Decision, Existing, Idle, Observed, Read, Removal, decide};
+use super::guard;
+use super::kinds::{CachedEndpoints, CachedService, managed_by, pod_target_refs};
 use super::latency::WriteTimer;
 use super::{Context, kinds, orphans};
 use crate::config::{Controller, Mode};
-use crate::desired::{self, PodInfo};
+use crate::desired::scope::Managed;
+use crate::desired::{self, EndpointsMarks, PodInfo};
 use crate::error::{Error, Result, api_code};
 use crate::reconcile::kinds::{Kind, ServiceKind};
 use crate::wire::EndpointsWire;
@@ -53,35 +56,132 @@ impl std::fmt::Display for Verb {
 
 /// `timer` times the first write (see [`WriteTimer`]).
 pub async fn reconcile(ctx: &Context, key: &ObjectKey, timer: &WriteTimer) -> Result<()> {
-    let service = ctx.stores.services.get(key);
-    let endpoints = ctx.stores.endpoints.get(key);
-    orphans::observe(ctx, key, service.is_some(), endpoints.as_deref());
-
-    let service = match service {
-        Some(svc) => svc,
-        None => match &endpoints {
-            // Nothing exists for this key: nothing to write, nothing at stake.
-            None => {
+    // The Service as a live read found it, once one was made.
+    let mut live: Option<Option<Arc<CachedService>>> = None;
+    loop {
+        let endpoints = ctx.stores.endpoints.get(key);
+        let cached_service = ctx.stores.services.get(key);
+        orphans::observe(ctx, key, cached_service.is_some(), endpoints.as_deref());
+        let service = live.clone().unwrap_or(cached_service);
+        let decision = decide(&Observed {
+            scope: ctx.scope,
+            controller: Controller::Endpoints,
+            service: service.as_deref(),
+            read_live: live.is_some(),
+            existing: existing(endpoints.as_deref()),
+            covered: false,
+            opted_out_for: ctx.endpoints.opt_outs.waited(key, Instant::now()),
+            opt_out_grace: ctx.opt_out_grace,
+        });
+        follow_up(ctx, Controller::Endpoints, key, &decision).await;
+        match decision {
+            Decision::ReadService(why) => {
+                live = Some(guard::read_service(ctx, Controller::Endpoints, key, why).await?);
+            }
+            Decision::Idle(Idle::NoService) => {
                 ctx.endpoints.trigger_times.forget(key);
                 release_service_tombstone(ctx, key);
                 return Ok(());
             }
-            Some(ep) if !ep.is_deletable() => {
-                debug!(%key, managed_by = ?ep.managed_by(), "Endpoints without a Service are not ours to delete");
-                release_service_tombstone(ctx, key);
-                return Ok(());
+            Decision::Idle(_) | Decision::Frozen(_) | Decision::Wait(_) => return Ok(()),
+            Decision::Remove { why, managers } => {
+                return match endpoints {
+                    Some(ep) if managers.endpoints(ep.managed_by()) => {
+                        delete_endpoints(ctx, key, &ep, why, timer).await
+                    }
+                    _ => Ok(()),
+                };
             }
-            Some(ep) => match guard::lookup_service(ctx, Controller::Endpoints, key).await? {
-                ServiceLookup::Gone => return delete_endpoints(ctx, key, ep, timer).await,
-                ServiceLookup::Exists(svc) => svc,
-            },
-        },
-    };
+            Decision::Reconcile(managed) => {
+                let Some(service) = service.as_deref() else {
+                    return Ok(());
+                };
+                return reconcile_content(ctx, key, service, endpoints, managed, timer).await;
+            }
+        }
+    }
+}
 
-    // ExternalName and selector-less Services: their Endpoints belong to users.
-    let Some(selector) = desired::managed_selector(&service) else {
-        return Ok(());
+/// Which managed-by value the cached Endpoints carry.
+fn existing(endpoints: Option<&CachedEndpoints>) -> Existing {
+    let manager = endpoints.and_then(CachedEndpoints::managed_by);
+    Existing {
+        own: manager == Some(desired::MANAGER),
+        upstream: manager == Some(desired::UPSTREAM_MANAGER),
+    }
+}
+
+/// What a decision means besides its action, for both controllers: the
+/// frozen-Service report, the opt-out clock, the Warning Event of an
+/// opt-out that timed out.
+pub(super) async fn follow_up(
+    ctx: &Context,
+    controller: Controller,
+    key: &ObjectKey,
+    decision: &Decision<'_>,
+) {
+    let frozen = match decision {
+        Decision::Frozen(why) => Some(*why),
+        _ => None,
     };
+    if ctx.frozen.record(key, frozen, &ctx.metrics.opt_in_frozen) {
+        if let Some(why) = frozen {
+            warn!(%key, reason = why.metric_label(), "opted in, but {}: what is published stays as it is", why.explain());
+            guard::warn_event(
+                ctx,
+                key,
+                "OptInInvalid",
+                &format!(
+                    "Opted in, but {}: endpoints-guard leaves what is published as it is until this is fixed",
+                    why.explain()
+                ),
+            )
+            .await;
+        }
+    }
+    let clock = &ctx.work(controller).opt_outs;
+    match decision {
+        Decision::ReadService(Read::OptOut) => {}
+        Decision::Wait(left) => {
+            clock.start(key, Instant::now());
+            ctx.work(controller).queue.add_after(key.clone(), *left);
+        }
+        Decision::Remove {
+            why: Removal::OptOutTimedOut,
+            ..
+        } => {
+            clock.forget(key);
+            guard::warn_event(
+                ctx,
+                key,
+                "OptOutTimedOut",
+                &format!(
+                    "Opted out, but kube-controller-manager did not publish the same ready endpoints within {:?}: endpoints-guard removes its {} anyway (does the Service have its selector back?)",
+                    ctx.opt_out_grace,
+                    match controller {
+                        Controller::Endpoints => "Endpoints",
+                        Controller::Endpointslices => "EndpointSlices",
+                    }
+                ),
+            )
+            .await;
+        }
+        _ => clock.forget(key),
+    }
+}
+
+/// The Endpoints of a handled Service: the guard holds the addresses of
+/// pods whose deletion only the watch reported, then the content is
+/// computed and written if it differs.
+async fn reconcile_content(
+    ctx: &Context,
+    key: &ObjectKey,
+    service: &CachedService,
+    endpoints: Option<Arc<CachedEndpoints>>,
+    managed: Managed<'_>,
+    timer: &WriteTimer,
+) -> Result<()> {
+    let selector = managed.selector;
     let endpoints = endpoints
         .as_deref()
         .map(CachedEndpoints::decode)
@@ -101,21 +201,23 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey, timer: &WriteTimer) -> Re
     let pod_refs: Vec<&PodInfo> = pods.iter().map(AsRef::as_ref).collect();
     let created = service.metadata.creation_timestamp.as_ref().map(|t| t.0);
     let trigger = ctx.endpoints.trigger_times.compute(key, created, &pod_refs);
-    let computed = desired::compute_subsets(&service, &pod_refs);
-    if !desired::needs_write(
-        &service,
-        &computed,
-        endpoints.as_ref(),
-        compare_as(ctx, endpoints.as_ref()),
-    ) {
+    let computed = desired::compute_subsets(service, &pod_refs);
+    let marks = EndpointsMarks {
+        managed_by: compare_as(ctx, endpoints.as_ref()),
+        skip_mirror: managed.opt_in,
+    };
+    if !desired::needs_write(service, &computed, endpoints.as_ref(), marks) {
         return Ok(());
     }
     let wanted = desired::build_endpoints(
-        &service,
+        service,
         computed,
         endpoints.as_ref(),
         trigger,
-        ctx.managed_by.endpoints(),
+        EndpointsMarks {
+            managed_by: ctx.managed_by.endpoints(),
+            ..marks
+        },
     );
     apply(ctx, key, endpoints.as_ref(), wanted, timer).await
 }
@@ -198,6 +300,10 @@ async fn apply(
                 .with_label_values(&[verb.as_str()])
                 .inc();
             debug!(%key, %verb, "wrote Endpoints");
+            if verb == Verb::Create && ctx.endpoints.restores.take(key) {
+                ctx.metrics.endpoints_restored.inc();
+                info!(%key, "restored Endpoints that someone else deleted while their Service was handled");
+            }
             // The pods our write dropped, by what we sent (the cache's copy of
             // what was written decides, in `release_dropped_pods`, whether
             // anything still names them).
@@ -382,13 +488,14 @@ pub(super) fn is_namespace_terminating(err: &kube::Error) -> bool {
     }
 }
 
-/// Deletes Endpoints whose Service a live read showed gone. The precondition on
-/// UID and resourceVersion makes the API refuse if the Endpoints were re-created
-/// or changed since we read them.
+/// Deletes Endpoints of ours the decision removes (after a live read of
+/// their Service). The precondition on UID and resourceVersion makes the API
+/// refuse if the Endpoints were re-created or changed since we read them.
 async fn delete_endpoints(
     ctx: &Context,
     key: &ObjectKey,
     ep: &CachedEndpoints,
+    why: Removal,
     timer: &WriteTimer,
 ) -> Result<()> {
     if ctx.mode == Mode::Audit {
@@ -396,7 +503,7 @@ async fn delete_endpoints(
             .audit_divergences
             .with_label_values(&[Controller::Endpoints.metric_label(), Verb::Delete.as_str()])
             .inc();
-        info!(%key, "audit: Endpoints of a deleted Service would be deleted");
+        info!(%key, why = ?why, "audit: Endpoints would be deleted");
         return Ok(());
     }
     if !ctx.writes_allowed() {
@@ -417,7 +524,7 @@ async fn delete_endpoints(
                 .endpoints_writes
                 .with_label_values(&[Verb::Delete.as_str()])
                 .inc();
-            info!(%key, "deleted Endpoints of a Service confirmed gone");
+            info!(%key, why = ?why, "deleted Endpoints");
             ctx.endpoints.trigger_times.forget(key);
             Ok(())
         }

@@ -3,7 +3,8 @@
 //! conflict, a terminating namespace, a refused write and a timeout.
 
 use hardened_watcher::testing::{Reply, ScriptedApi};
-use hardened_watcher::{ObjectKey, WatchEventKind, Whole};
+use hardened_watcher::{ObjectKey, WatchEventKind};
+use super::kinds::CachedService;
 use serde_json::json;
 
 use super::kinds::CachedEndpoints;
@@ -43,7 +44,7 @@ fn cache_endpoints(ctx: &Context, addresses: &[(&str, &str)]) {
 fn cache_service_and_pod(ctx: &Context) {
     ctx.stores
         .services
-        .apply_watch_event(WatchEventKind::Added, Whole(service(NS, "web", "web")));
+        .apply_watch_event(WatchEventKind::Added, CachedService::new(service(NS, "web", "web")));
     ctx.stores.pods.apply_watch_event(
         WatchEventKind::Added,
         pod(NS, "web-0", "web", "10.0.0.1", "3"),

@@ -11,6 +11,7 @@ use serde_json::json;
 use super::latency::{WriteClock, WriteTimer};
 use super::{Context, Stores, Work};
 use crate::config::{Controller, Mode};
+use crate::desired::scope::Scope;
 use crate::desired::{ManagedBy, PodFields, PodInfo};
 use crate::metrics::Metrics;
 
@@ -32,6 +33,9 @@ pub fn context_with(client: kube::Client) -> Context {
         slices: Work::new(super::queue::MAX_RETRIES),
         max_endpoints_per_slice: crate::desired::slices::DEFAULT_MAX_ENDPOINTS_PER_SLICE,
         managed_by: ManagedBy::default(),
+        scope: Scope::All,
+        opt_out_grace: std::time::Duration::from_secs(300),
+        frozen: Default::default(),
         leader: tokio::sync::watch::channel(true).1,
     }
 }

@@ -290,7 +290,7 @@ fn kind_e2e_installs_the_watch_chaos_sidecar() -> Result<()> {
     argv.extend(args.iter().cloned());
     let cfg = <Config as clap::Parser>::try_parse_from(&argv)?;
     assert_eq!(
-        cfg.managed_by,
+        cfg.managed_by(),
         endpoints_guard::desired::ManagedBy::Own,
         "{args:?}"
     );

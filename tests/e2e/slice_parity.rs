@@ -37,7 +37,8 @@ use endpoints_guard::desired::slices::{
     DEFAULT_MAX_ENDPOINTS_PER_SLICE, DesiredSlices, HintMode, LABEL_SERVICE_NAME, NodeInfo,
     PlanOptions, ZoneCapacity, desired_slices, plan_slices, slice_service_name,
 };
-use endpoints_guard::desired::{ManagedBy, PodInfo, managed_selector, selector_matches};
+use endpoints_guard::desired::scope::spec_selector;
+use endpoints_guard::desired::{ManagedBy, PodInfo, selector_matches};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 use serde_json::{Value, json};
 
@@ -199,7 +200,7 @@ async fn converge(
         .base
         .services
         .iter()
-        .filter(|s| managed_selector(s).is_some())
+        .filter(|s| spec_selector(s).is_some())
         .map(|s| {
             format!(
                 "{}/{}",
@@ -295,7 +296,7 @@ fn compare(snapshot: &Snapshot) -> Round {
         ..Round::default()
     };
     for svc in &snapshot.services {
-        let Some(selector) = managed_selector(svc) else {
+        let Some(selector) = spec_selector(svc) else {
             continue;
         };
         let namespace = svc.metadata.namespace.clone().unwrap_or_default();
@@ -305,10 +306,7 @@ fn compare(snapshot: &Snapshot) -> Round {
             .iter()
             .filter(|p| p.namespace() == namespace && selector_matches(selector, *p))
             .collect();
-        let Some(desired) = desired_slices(svc, &candidates, &nodes, ManagedBy::default().slices())
-        else {
-            continue;
-        };
+        let desired = desired_slices(svc, &candidates, &nodes, ManagedBy::default().slices());
         let upstream: Vec<EndpointSlice> = snapshot
             .slices
             .iter()

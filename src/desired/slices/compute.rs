@@ -18,7 +18,7 @@ use crate::desired::ip::{GoIp, IpFamily, family_of_text};
 use crate::desired::labels::has_cluster_ip;
 use crate::desired::spew::slice_port_digest;
 use crate::desired::{
-    LABEL_HEADLESS, PodInfo, managed_selector, pod_reference, ports, should_set_hostname,
+    LABEL_HEADLESS, PodInfo, pod_reference, ports, should_set_hostname,
 };
 
 /// Labels a slice gets from its controller, never from the Service.
@@ -26,8 +26,8 @@ const RESERVED_LABELS: [&str; 3] = [LABEL_SERVICE_NAME, LABEL_SLICE_MANAGED_BY, 
 
 /// The desired endpoints of `svc` from its candidate pods (already selected by
 /// namespace and selector), with `nodes` for zones and `managed_by` as the
-/// manager label; `None` for a Service that gets no slices from a controller
-/// (ExternalName, or no selector).
+/// manager label. Which Services get slices at all is decided before
+/// (`crate::desired::scope::handling`).
 ///
 /// A pod is kept when it is not terminal and has an IP (terminating pods are
 /// kept too, with their conditions saying so) and its Node is known; a pod
@@ -38,8 +38,7 @@ pub fn desired_slices(
     pods: &[&PodInfo],
     nodes: &impl NodeLookup,
     managed_by: &str,
-) -> Option<DesiredSlices> {
-    managed_selector(svc)?;
+) -> DesiredSlices {
     let spec = svc.spec.as_ref();
     let publish_not_ready = spec
         .and_then(|s| s.publish_not_ready_addresses)
@@ -83,7 +82,7 @@ pub fn desired_slices(
         });
     }
     let meta = &svc.metadata;
-    Some(DesiredSlices {
+    DesiredSlices {
         namespace: meta.namespace.clone().unwrap_or_default(),
         service_name: meta.name.clone().unwrap_or_default(),
         service_uid: meta.uid.clone().unwrap_or_default(),
@@ -93,7 +92,7 @@ pub fn desired_slices(
         hints: hint_mode(svc),
         address_types,
         pods_on_unknown_nodes: unknown_nodes.into_iter().collect(),
-    })
+    }
 }
 
 /// A port set, comparable: (name, port, protocol, appProtocol) in slice order.

@@ -1,9 +1,8 @@
-//! desired_slices: which Services, address types, which pods and every
+//! desired_slices: address types, which pods and every
 //! endpoint field, one table per rule; the golden values re-express upstream's
 //! own expectations (reconciler_test.go, utils_test.go of k8s.io/endpointslice
 //! v0.36.3) where they exist.
 
-use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions};
@@ -22,29 +21,6 @@ pub(super) fn only_group(desired: &DesiredSlices) -> &PortGroup {
 fn conditions_of(endpoint: &Endpoint) -> (Option<bool>, Option<bool>, Option<bool>) {
     let c = endpoint.conditions.clone().unwrap_or_default();
     (c.ready, c.serving, c.terminating)
-}
-
-#[test]
-fn which_services_get_slices() {
-    let mut external = web_service();
-    spec_mut(&mut external).type_ = Some("ExternalName".into());
-    let mut no_selector = web_service();
-    spec_mut(&mut no_selector).selector = None;
-    let mut empty_selector = web_service();
-    spec_mut(&mut empty_selector).selector = Some(BTreeMap::new());
-    let cases = [
-        ("selector Service", web_service(), true),
-        ("ExternalName", external, false),
-        ("no selector", no_selector, false),
-        ("empty selector selects everything", empty_selector, true),
-    ];
-    for (case, svc, handled) in cases {
-        assert_eq!(
-            desired_slices(&svc, &[], &nodes(), OURS).is_some(),
-            handled,
-            "{case}"
-        );
-    }
 }
 
 #[test]
@@ -340,7 +316,7 @@ fn zone_comes_only_from_a_non_empty_node_label() {
     let pods: Vec<PodInfo> = pods(3).iter().map(PodFields::pack).collect();
     let refs: Vec<&PodInfo> = pods.iter().collect();
     let desired =
-        desired_slices(&web_service(), &refs, &lookup, OURS).unwrap_or_else(|| panic!("handled"));
+        desired_slices(&web_service(), &refs, &lookup, OURS);
     let zones: Vec<Option<String>> = only_group(&desired)
         .endpoints
         .iter()

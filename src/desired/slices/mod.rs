@@ -38,6 +38,8 @@ use k8s_openapi::api::discovery::v1::{Endpoint, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
 
+use super::scope::Managers;
+
 mod compute;
 mod content;
 mod hints;
@@ -181,6 +183,9 @@ pub struct PlanOptions {
     /// Written as the last-change-trigger-time annotation on every slice
     /// created or updated; `None` removes it.
     pub trigger_time: Option<Timestamp>,
+    /// Whose slices are ours to reuse, relabel and delete; the others are
+    /// never touched, whatever their service-name label says.
+    pub managers: Managers,
 }
 
 impl Default for PlanOptions {
@@ -188,6 +193,7 @@ impl Default for PlanOptions {
         PlanOptions {
             max_endpoints_per_slice: DEFAULT_MAX_ENDPOINTS_PER_SLICE,
             trigger_time: None,
+            managers: Managers::OWN_AND_UPSTREAM,
         }
     }
 }
@@ -238,21 +244,13 @@ impl SlicePlan {
     }
 }
 
-/// True for a slice this controller may change or delete: one labelled as
-/// managed by upstream's controller or by this controller's own name
-/// ([`super::MANAGER`]), whichever of the two it writes. Slices of any other
-/// manager (the EndpointSlice mirroring controller, users, other controllers)
-/// are never touched, whatever their service-name label says.
-pub fn is_adoptable(slice: &EndpointSlice) -> bool {
-    matches!(slice_manager(slice), Some(m) if m == UPSTREAM_SLICE_MANAGER || m == super::MANAGER)
-}
-
 /// The Service a slice is labelled for (`kubernetes.io/service-name`).
 pub fn slice_service_name(slice: &EndpointSlice) -> Option<&str> {
     label(slice, LABEL_SERVICE_NAME)
 }
 
-fn slice_manager(slice: &EndpointSlice) -> Option<&str> {
+/// Who manages a slice (`endpointslice.kubernetes.io/managed-by`).
+pub fn slice_manager(slice: &EndpointSlice) -> Option<&str> {
     label(slice, LABEL_SLICE_MANAGED_BY)
 }
 
@@ -263,6 +261,17 @@ fn label<'a>(slice: &'a EndpointSlice, key: &str) -> Option<&'a str> {
         .as_ref()
         .and_then(|labels| labels.get(key))
         .map(String::as_str)
+}
+
+/// Every address of a ready endpoint in `slices`.
+pub fn ready_addresses(slices: &[EndpointSlice]) -> std::collections::BTreeSet<&str> {
+    slices
+        .iter()
+        .flat_map(|slice| slice.endpoints.iter().flatten())
+        .filter(|endpoint| endpoint_ready(endpoint))
+        .flat_map(|endpoint| &endpoint.addresses)
+        .map(String::as_str)
+        .collect()
 }
 
 /// True for an endpoint whose `ready` condition is set and true.

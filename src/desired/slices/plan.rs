@@ -24,16 +24,15 @@ use super::hints::{HintLists, apply_hints};
 use super::identity::{EndpointKey, same_beyond_identity};
 use super::{
     AddressType, AddressTypeEndpoints, DesiredSlices, LABEL_SLICE_MANAGED_BY, PlanOptions,
-    PortGroup, SlicePlan, ZoneCapacity, is_adoptable, slice_manager, slice_service_name,
+    PortGroup, SlicePlan, ZoneCapacity, slice_manager, slice_service_name,
 };
 use crate::desired::trigger::set_trigger_time_annotation;
 
 /// The plan that turns `existing` into `desired`.
 ///
 /// `existing` may hold any slices of the namespace: only those labelled for
-/// this Service, managed by this controller or by upstream's (see
-/// [`super::is_adoptable`]) and not being deleted are considered; the rest are
-/// left alone. `zones` matters only for the `Auto` hint mode.
+/// this Service, managed by one of `options.managers` and not being deleted
+/// are considered; the rest are left alone. `zones` matters only for the `Auto` hint mode.
 pub fn plan_slices(
     desired: &DesiredSlices,
     existing: &[EndpointSlice],
@@ -46,7 +45,7 @@ pub fn plan_slices(
             s.metadata.deletion_timestamp.is_none()
                 && s.metadata.namespace.as_deref().unwrap_or("") == desired.namespace
                 && slice_service_name(s) == Some(desired.service_name.as_str())
-                && is_adoptable(s)
+                && options.managers.slices(slice_manager(s))
         })
         .collect();
     considered.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));

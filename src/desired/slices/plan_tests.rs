@@ -13,6 +13,7 @@ use super::testkit::{
     OURS, apply, desire, desire_as, lengths, plan, plan_with, pod_names, pods, web_service,
 };
 use super::*;
+use crate::desired::scope::Managers;
 use crate::desired::testkit::spec_mut;
 use crate::desired::{ANNOTATION_LAST_CHANGE_TRIGGER_TIME, PodFields};
 
@@ -275,7 +276,12 @@ fn recognised_slices_are_adopted_not_duplicated() {
         let desired = desire_as(&web_service(), &mixed_pods(250), written);
         let (_, made) = converge(&desired, &[], 100);
         let found_slices = relabel(&made, found);
-        assert!(found_slices.iter().all(is_adoptable), "{found}");
+        assert!(
+            found_slices
+                .iter()
+                .all(|s| Managers::OWN_AND_UPSTREAM.slices(slice_manager(s))),
+            "{found}"
+        );
         let (first, after) = converge(&desired, &found_slices, 100);
         assert_eq!(
             counts(&first),
@@ -460,6 +466,7 @@ fn trigger_time_is_stamped_or_removed() {
     let options = PlanOptions {
         max_endpoints_per_slice: 100,
         trigger_time: Some(at),
+        ..PlanOptions::default()
     };
     let zones = ZoneCapacity::default();
     let stamped = plan_slices(&desired, &[], &zones, &options);

@@ -72,7 +72,7 @@ pub fn desire(svc: &Service, pods: &[PodFields]) -> DesiredSlices {
 pub fn desire_as(svc: &Service, pods: &[PodFields], manager: &str) -> DesiredSlices {
     let packed: Vec<PodInfo> = pods.iter().map(PodFields::pack).collect();
     let refs: Vec<&PodInfo> = packed.iter().collect();
-    desired_slices(svc, &refs, &nodes(), manager).unwrap_or_else(|| panic!("service is handled"))
+    desired_slices(svc, &refs, &nodes(), manager)
 }
 
 /// A plan with default options and the zones of [`nodes`].
@@ -83,7 +83,7 @@ pub fn plan(desired: &DesiredSlices, existing: &[EndpointSlice]) -> SlicePlan {
 pub fn plan_with(desired: &DesiredSlices, existing: &[EndpointSlice], max: usize) -> SlicePlan {
     let options = PlanOptions {
         max_endpoints_per_slice: max,
-        trigger_time: None,
+        ..PlanOptions::default()
     };
     plan_slices(
         desired,

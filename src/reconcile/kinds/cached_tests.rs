@@ -23,6 +23,10 @@ fn endpoints() -> Endpoints {
     .expect("endpoints")
 }
 
+/// What all scope takes as ours.
+const ALL_SCOPE: crate::desired::scope::Managers =
+    crate::desired::scope::Managers::OWN_AND_UPSTREAM;
+
 #[test]
 fn cached_endpoints_decode_to_the_object_without_managed_fields() {
     let cached = CachedEndpoints::new(endpoints()).expect("encodes");
@@ -32,14 +36,17 @@ fn cached_endpoints_decode_to_the_object_without_managed_fields() {
     assert_eq!(cached.key(), ObjectKey::new("ns", "web"));
     assert_eq!((cached.uid(), cached.resource_version()), ("ep-uid", "12"));
     assert_eq!(cached.managed_by(), Some(desired::UPSTREAM_MANAGER));
-    assert!(cached.is_deletable());
+    assert!(ALL_SCOPE.endpoints(cached.managed_by()));
 
     let mut bare = endpoints();
     bare.subsets = None;
     bare.metadata.labels = None;
     let cached = CachedEndpoints::new(bare).expect("encodes");
     assert_eq!(cached.decode().expect("decodes").subsets, None);
-    assert!(!cached.is_deletable(), "no managed-by label");
+    assert!(
+        !ALL_SCOPE.endpoints(cached.managed_by()),
+        "no managed-by label"
+    );
 
     // Both values endpoints-guard may write (--managed-by upstream or own) are
     // its own, whichever it writes now; any other is left alone.
@@ -52,7 +59,11 @@ fn cached_endpoints_decode_to_the_object_without_managed_fields() {
         ep.metadata.labels =
             Some([(desired::LABEL_MANAGED_BY.to_string(), manager.to_string())].into());
         let cached = CachedEndpoints::new(ep).expect("encodes");
-        assert_eq!(cached.is_deletable(), deletable, "{manager}");
+        assert_eq!(
+            ALL_SCOPE.endpoints(cached.managed_by()),
+            deletable,
+            "{manager}"
+        );
     }
 }
 

@@ -10,10 +10,12 @@ use super::{Kind, scoped};
 use crate::config::{Controller, Controllers};
 use crate::reconcile::{Context, Stores};
 use k8s_openapi::api::core::v1::{EndpointSubset, Endpoints, ObjectReference, Service};
+
+use super::CachedService;
 use tracing::warn;
 
 use super::packed::{PackedObject, TargetRefUid};
-use crate::desired;
+use crate::desired::scope::{self, EndpointsRole, Handling, Managers};
 use crate::error::Result;
 use crate::wire::EndpointsWire;
 use hardened_watcher::{LiveRead, live};
@@ -66,11 +68,6 @@ impl CachedEndpoints {
         self.managed_by.as_deref()
     }
 
-    /// See [`is_deletable`].
-    pub fn is_deletable(&self) -> bool {
-        deletable_manager(self.managed_by())
-    }
-
     /// Whether an address (ready or not) has a targetRef with this UID.
     pub fn references(&self, uid: &TargetRefUid) -> bool {
         self.packed.references(uid)
@@ -104,25 +101,11 @@ impl Cached for CachedEndpoints {
     }
 }
 
-/// Labels values of `endpoints.kubernetes.io/managed-by` whose Endpoints we may
-/// delete: upstream's and `endpoints-guard`, whichever of the two we write (we
-/// adopt what upstream made when we replace it).
-pub fn is_deletable(ep: &Endpoints) -> bool {
-    deletable_manager(managed_by(ep))
-}
-
-fn deletable_manager(manager: Option<&str>) -> bool {
-    matches!(
-        manager,
-        Some(desired::MANAGER) | Some(desired::UPSTREAM_MANAGER)
-    )
-}
-
 pub fn managed_by(ep: &Endpoints) -> Option<&str> {
     ep.metadata
         .labels
         .as_ref()
-        .and_then(|l| l.get(desired::LABEL_MANAGED_BY))
+        .and_then(|l| l.get(crate::desired::LABEL_MANAGED_BY))
         .map(String::as_str)
 }
 
@@ -159,7 +142,8 @@ impl Kind for EndpointsKind {
 /// Endpoints changed by someone else (our own writes reach the cache before
 /// their watch event, which then changes nothing) or deleted: look again.
 /// A deletion while the Service exists is what upstream does on a stale cache;
-/// it is counted whoever did it.
+/// it is counted whoever did it, and when the Endpoints were ours and their
+/// Service is handled, the create that follows counts as a restore.
 pub fn on_endpoints(
     ctx: &Arc<Context>,
     change: &Change<CachedEndpoints>,
@@ -174,8 +158,13 @@ pub fn on_endpoints(
             ctx.stores
                 .endpoints
                 .confirm_deleted(&key, ep.uid(), Confirmation::Released);
+            let service = ctx.stores.services.get(&key);
+            let ours = ctx.scope.managers().endpoints(ep.managed_by());
+            if ours && service.as_deref().is_some_and(|svc| writes_endpoints(ctx, svc)) {
+                ctx.endpoints.restores.note(key.clone());
+            }
             ctx.enqueue_for(Controller::Endpoints, key.clone(), received);
-            if ep.is_deletable() || ctx.stores.services.read().get(&key).is_some() {
+            if Managers::OWN_AND_UPSTREAM.endpoints(ep.managed_by()) || service.is_some() {
                 let ctx = ctx.clone();
                 tokio::spawn(async move { check_deletion_was_spurious(&ctx, key).await });
             }
@@ -183,13 +172,23 @@ pub fn on_endpoints(
     }
 }
 
+/// Whether the Endpoints reconcile writes the Endpoints of `svc`.
+fn writes_endpoints(ctx: &Context, svc: &CachedService) -> bool {
+    matches!(svc.handling(ctx.scope), Handling::Managed(m) if m.endpoints == EndpointsRole::Write)
+}
+
+/// Counts a deletion of the Endpoints of a Service that exists and has them
+/// written by a controller: upstream's (it has a selector) or ours.
 async fn check_deletion_was_spurious(ctx: &Context, key: ObjectKey) {
     match live::get::<Service>(&ctx.client, &(), &key).await {
-        Ok(LiveRead::Found(svc)) if desired::managed_selector(&svc).is_some() => {
-            ctx.metrics.observed_spurious_deletions.inc();
-            warn!(%key, "Endpoints were deleted while their Service exists");
+        Ok(LiveRead::Found(svc)) => {
+            let svc = CachedService::new(svc);
+            if scope::spec_selector(&svc).is_some() || writes_endpoints(ctx, &svc) {
+                ctx.metrics.observed_spurious_deletions.inc();
+                warn!(%key, "Endpoints were deleted while their Service exists");
+            }
         }
-        Ok(_) => {}
+        Ok(LiveRead::Gone) => {}
         Err(err) => {
             warn!(%key, error = %err, "could not check whether an Endpoints deletion was spurious")
         }

@@ -14,19 +14,19 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use super::packed::{PackedObject, TargetRefUid};
+use crate::desired::scope::Managers;
 use crate::desired::{self, slices};
 use crate::error::Result;
 
 /// An EndpointSlice as the cache keeps it: packed ([`PackedObject`], the
-/// list field being `endpoints`), its service-name label and whether we may
-/// take it over.
+/// list field being `endpoints`), its service-name and managed-by labels.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CachedSlice {
     pub(super) packed: PackedObject,
     /// `kubernetes.io/service-name`: the one label indexed.
     service_name: Option<Box<str>>,
-    /// Managed by us or by upstream's controller (see [`slices::is_adoptable`]).
-    adoptable: bool,
+    /// `endpointslice.kubernetes.io/managed-by`: whose it is.
+    manager: Option<Box<str>>,
 }
 
 impl CachedSlice {
@@ -37,7 +37,7 @@ impl CachedSlice {
         Some(Self {
             packed,
             service_name: slices::slice_service_name(&slice).map(Into::into),
-            adoptable: slices::is_adoptable(&slice),
+            manager: slices::slice_manager(&slice).map(Into::into),
         })
     }
 
@@ -57,9 +57,9 @@ impl CachedSlice {
         Some(ObjectKey::new(self.packed.key.namespace.clone(), name))
     }
 
-    /// Whether we may change or delete it: ours, or upstream's (adopted).
-    pub fn is_adoptable(&self) -> bool {
-        self.adoptable
+    /// Whether it is ours to change or delete, by its managed-by label.
+    pub fn is_ours(&self, managers: Managers) -> bool {
+        managers.slices(self.manager.as_deref())
     }
 
     /// Whether an endpoint has a targetRef with this UID.
@@ -128,9 +128,13 @@ impl Kind for EndpointSliceKind {
     }
 }
 
-/// The cached slices labelled for the Service `key` that we may change
-/// (ours, or upstream's to adopt).
-pub fn slices_of(ctx: &Context, key: &ObjectKey) -> Vec<std::sync::Arc<CachedSlice>> {
+/// The cached slices labelled for the Service `key` whose managed-by
+/// `managers` takes as ours.
+pub fn slices_of(
+    ctx: &Context,
+    key: &ObjectKey,
+    managers: Managers,
+) -> Vec<std::sync::Arc<CachedSlice>> {
     let selector = std::collections::BTreeMap::from([(
         desired::slices::LABEL_SERVICE_NAME.to_string(),
         key.name.clone(),
@@ -140,17 +144,25 @@ pub fn slices_of(ctx: &Context, key: &ObjectKey) -> Vec<std::sync::Arc<CachedSli
         .read()
         .selector_candidates(&key.namespace, &selector)
         .into_iter()
-        .filter(|s| s.is_adoptable() && s.service_key().as_ref() == Some(key))
+        .filter(|s| s.is_ours(managers) && s.service_key().as_ref() == Some(key))
         .cloned()
         .collect()
 }
 
 /// A slice changed by someone else (our own writes reach the cache first,
 /// and their watch event then changes nothing), or deleted: its Service is
-/// reconciled again. Slices of other managers concern nobody.
+/// reconciled again. Upstream's slices concern us in `all` scope (we take
+/// them over), and in `opt-in` scope only for a Service that still has
+/// slices of ours (an opt-out waits for upstream's to cover them). Slices of
+/// other managers concern nobody.
 pub fn on_slice(ctx: &Context, change: &Change<CachedSlice>, received: Option<Instant>) {
-    let concerned =
-        |slice: &CachedSlice| slice.is_adoptable().then(|| slice.service_key()).flatten();
+    let managers = ctx.scope.managers();
+    let concerned = |slice: &CachedSlice| {
+        let key = slice.service_key()?;
+        let ours = slice.is_ours(managers)
+            || (slice.is_ours(Managers::OWN_AND_UPSTREAM) && !slices_of(ctx, &key, managers).is_empty());
+        ours.then_some(key)
+    };
     match change {
         Change::Added(slice) => {
             if let Some(key) = concerned(slice) {

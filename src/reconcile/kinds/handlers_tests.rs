@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::Service;
 use super::*;
 use crate::desired::PodFields;
 use crate::desired::PodInfo;
-use hardened_watcher::{WatchEventKind, Whole};
+use hardened_watcher::WatchEventKind;
 
 use crate::reconcile::testkit::context;
 
@@ -55,7 +55,7 @@ async fn relabelled_pod_queues_old_and_new_services_of_its_namespace_only() {
             service("ns", "c", "c"),
             service("other", "a", "a"),
         ] {
-            services.apply_watch_event(WatchEventKind::Added, Whole(svc));
+            services.apply_watch_event(WatchEventKind::Added, CachedService::new(svc));
         }
     }
     let change = Change::Updated {
@@ -71,7 +71,7 @@ async fn pod_change_that_endpoints_do_not_depend_on_queues_nothing() {
     let ctx = context();
     ctx.stores
         .services
-        .apply_watch_event(WatchEventKind::Added, Whole(service("ns", "a", "a")));
+        .apply_watch_event(WatchEventKind::Added, CachedService::new(service("ns", "a", "a")));
     // Only the resourceVersion moved (say, an annotation was added).
     let change = Change::Updated {
         old: Arc::new(pod("ns", "a", "1")),

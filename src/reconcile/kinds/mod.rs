@@ -27,7 +27,7 @@ mod pods;
 mod services;
 
 pub use endpoints::{
-    CachedEndpoints, EndpointsKind, is_deletable, managed_by, on_endpoints, pod_target_refs,
+    CachedEndpoints, EndpointsKind, managed_by, on_endpoints, pod_target_refs,
 };
 pub use endpointslices::{CachedSlice, EndpointSliceKind, on_slice, slice_pod_refs, slices_of};
 pub use nodes::{CachedNode, NodeKind, on_node};

@@ -9,6 +9,7 @@ use kube::{Api, Client};
 use super::packed::TargetRefUid;
 use super::{DecodeProtobuf, Kind, scoped};
 use crate::config::Controllers;
+use crate::desired::scope::{Handling, Managed};
 use crate::desired::{self, PodInfo};
 use crate::reconcile::{Context, Stores};
 use crate::wire::PodWire;
@@ -82,7 +83,7 @@ pub fn on_pod(ctx: &Context, change: &Change<PodInfo>, received: Option<Instant>
     };
     let services = ctx.stores.services.read();
     for svc in services.in_namespace(new.namespace()) {
-        let Some(selector) = desired::managed_selector(svc) else {
+        let Handling::Managed(Managed { selector, .. }) = svc.handling(ctx.scope) else {
             continue;
         };
         let selects_new = desired::selector_matches(selector, new.as_ref());
@@ -110,15 +111,16 @@ fn release_if_unreferenced(ctx: &Context, pod: &PodInfo) {
 /// their addresses, so nothing of theirs is at stake.
 pub fn pod_referenced(ctx: &Context, namespace: &str, uid: &str) -> bool {
     let uid = TargetRefUid::new(uid);
+    let managers = ctx.scope.managers();
     ctx.stores
         .endpoints
         .read()
         .in_namespace(namespace)
-        .any(|ep| ep.is_deletable() && ep.references(&uid))
+        .any(|ep| managers.endpoints(ep.managed_by()) && ep.references(&uid))
         || ctx
             .stores
             .slices
             .read()
             .in_namespace(namespace)
-            .any(|slice| slice.is_adoptable() && slice.references(&uid))
+            .any(|slice| slice.is_ours(managers) && slice.references(&uid))
 }

@@ -1,20 +1,68 @@
-//! Services: kept whole, less their managedFields.
+//! Services: kept whole, less their managedFields, with their opt-in read
+//! once.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use hardened_watcher::{Cached, Change, ObjectKey, Store, Whole};
+use hardened_watcher::{Cached, Change, ObjectKey, Store};
 use kube::{Api, Client};
 
 use super::{Kind, scoped};
 use crate::config::Controllers;
+use crate::desired::scope::{self, Handling, OptIn, Scope};
 use crate::reconcile::{Context, Stores};
 use k8s_openapi::api::core::v1::Service;
 
 use super::packed::strip_managed_fields;
 
-/// A Service as the cache keeps it: whole, less its managedFields.
-pub type CachedService = Whole<k8s_openapi::api::core::v1::Service>;
+/// A Service as the cache keeps it: whole, less its managedFields, and what
+/// its labels and annotations say about opting in (parsed once here rather
+/// than on every pod event that looks for the Services selecting a pod).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CachedService {
+    service: Service,
+    opt_in: OptIn,
+}
+
+impl CachedService {
+    pub fn new(service: Service) -> Self {
+        let service = strip_managed_fields(service);
+        let opt_in = OptIn::of(&service);
+        Self { service, opt_in }
+    }
+
+    /// How the controllers handle this Service in `scope`.
+    pub fn handling(&self, scope: Scope) -> Handling<'_> {
+        scope::handling(scope, &self.service, &self.opt_in)
+    }
+}
+
+impl std::ops::Deref for CachedService {
+    type Target = Service;
+    fn deref(&self) -> &Service {
+        &self.service
+    }
+}
+
+impl Cached for CachedService {
+    fn key(&self) -> ObjectKey {
+        let meta = &self.service.metadata;
+        ObjectKey::new(
+            meta.namespace.clone().unwrap_or_default(),
+            meta.name.clone().unwrap_or_default(),
+        )
+    }
+    fn uid(&self) -> &str {
+        self.service.metadata.uid.as_deref().unwrap_or("")
+    }
+    fn resource_version(&self) -> &str {
+        self.service
+            .metadata
+            .resource_version
+            .as_deref()
+            .unwrap_or("")
+    }
+}
 
 /// Services, kept whole (less their managedFields).
 pub struct ServiceKind;
@@ -30,7 +78,7 @@ impl Kind for ServiceKind {
         scoped(client, namespace)
     }
     fn project(object: Service) -> Option<CachedService> {
-        Some(Whole(strip_managed_fields(object)))
+        Some(CachedService::new(object))
     }
     fn store(stores: &Stores) -> &Store<CachedService> {
         &stores.services
@@ -40,11 +88,12 @@ impl Kind for ServiceKind {
     }
     /// Endpoints of ours under its name, or slices of ours labelled for it.
     fn at_stake(ctx: &Context, key: &ObjectKey, _uid: &str) -> bool {
+        let managers = ctx.scope.managers();
         ctx.stores
             .endpoints
             .get(key)
-            .is_some_and(|ep| ep.is_deletable())
-            || !super::slices_of(ctx, key).is_empty()
+            .is_some_and(|ep| managers.endpoints(ep.managed_by()))
+            || !super::slices_of(ctx, key, managers).is_empty()
     }
 }
 

@@ -1,0 +1,326 @@
+//! Every rule of what a reconcile may touch, one test each: scope,
+//! ownership by managed-by, and the live read that comes before any
+//! removal.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::*;
+use crate::desired::scope::{ANNOTATION_ENDPOINTS, ANNOTATION_SELECTOR, LABEL_OPT_IN};
+
+const GRACE: Duration = Duration::from_secs(300);
+const OWN: Existing = Existing {
+    own: true,
+    upstream: false,
+};
+const UPSTREAM: Existing = Existing {
+    own: false,
+    upstream: true,
+};
+const NOTHING: Existing = Existing {
+    own: false,
+    upstream: false,
+};
+const BOTH: [Controller; 2] = Controller::ALL;
+
+fn service(labels: Value, annotations: Value, spec: Value) -> CachedService {
+    CachedService::new(
+        serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "ns", "uid": "u", "resourceVersion": "1",
+                         "labels": labels, "annotations": annotations},
+            "spec": spec,
+        }))
+        .unwrap_or_else(|err| panic!("service: {err}")),
+    )
+}
+
+fn plain() -> CachedService {
+    service(json!({}), json!({}), json!({"selector": {"app": "web"}}))
+}
+
+fn selectorless() -> CachedService {
+    service(json!({}), json!({}), json!({}))
+}
+
+/// Opted in; `with_selector`: the Service still has its spec.selector.
+fn opted_in(with_selector: bool) -> CachedService {
+    let spec = if with_selector {
+        json!({"selector": {"app": "web"}})
+    } else {
+        json!({})
+    };
+    service(
+        json!({LABEL_OPT_IN: "true"}),
+        json!({ANNOTATION_SELECTOR: r#"{"app":"web"}"#}),
+        spec,
+    )
+}
+
+fn observed<'a>(
+    scope: Scope,
+    controller: Controller,
+    service: Option<&'a CachedService>,
+    existing: Existing,
+) -> Observed<'a> {
+    Observed {
+        scope,
+        controller,
+        service,
+        read_live: false,
+        existing,
+        covered: false,
+        opted_out_for: Duration::ZERO,
+        opt_out_grace: GRACE,
+    }
+}
+
+fn live(o: Observed<'_>) -> Observed<'_> {
+    Observed {
+        read_live: true,
+        ..o
+    }
+}
+
+fn removes(decision: Decision<'_>) -> bool {
+    matches!(decision, Decision::Remove { .. })
+}
+
+fn reconciles(decision: Decision<'_>) -> bool {
+    matches!(decision, Decision::Reconcile(_))
+}
+
+/// Nothing is removed on the cache's word alone: a missing Service, an
+/// opt-out or a takeover is read live first, in either scope, by either
+/// controller.
+#[test]
+fn no_removal_without_a_live_read() {
+    let cached = [opted_in(false), plain(), selectorless()];
+    for scope in [Scope::All, Scope::OptIn] {
+        for controller in BOTH {
+            for existing in [OWN, UPSTREAM, Existing { own: true, upstream: true }] {
+                for service in [None].into_iter().chain(cached.iter().map(Some)) {
+                    let o = Observed {
+                        covered: true,
+                        opted_out_for: GRACE * 2,
+                        ..observed(scope, controller, service, existing)
+                    };
+                    assert!(
+                        !removes(decide(&o)),
+                        "{scope:?} {controller:?} {existing:?} {:?}: {:?}",
+                        service.map(|s| s.metadata.labels.clone()),
+                        decide(&o)
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_missing_service_is_read_live_and_only_then_its_objects_go() {
+    for controller in BOTH {
+        let o = observed(Scope::All, controller, None, UPSTREAM);
+        assert_eq!(decide(&o), Decision::ReadService(Read::ServiceMissing));
+        assert_eq!(
+            decide(&live(o)),
+            Decision::Remove {
+                why: Removal::ServiceGone,
+                managers: Managers::OWN_AND_UPSTREAM
+            }
+        );
+        let o = observed(Scope::All, controller, None, NOTHING);
+        assert_eq!(decide(&o), Decision::Idle(Idle::NoService));
+    }
+}
+
+/// In opt-in scope upstream's controllers still run: what they made for a
+/// Service the cache lacks is theirs, whatever a read says.
+#[test]
+fn opt_in_scope_never_removes_upstreams_objects_of_a_missing_service() {
+    for controller in BOTH {
+        let o = observed(Scope::OptIn, controller, None, UPSTREAM);
+        assert_eq!(decide(&o), Decision::Idle(Idle::NoService));
+        assert_eq!(decide(&live(o)), Decision::Idle(Idle::NoService));
+        let o = observed(Scope::OptIn, controller, None, OWN);
+        assert_eq!(
+            decide(&live(o)),
+            Decision::Remove {
+                why: Removal::ServiceGone,
+                managers: Managers::OWN
+            }
+        );
+    }
+}
+
+/// A Service that did not opt in is never written, and nothing but our own
+/// leftovers of it is removed.
+#[test]
+fn opt_in_scope_never_touches_a_service_that_did_not_opt_in() {
+    for svc in [plain(), selectorless()] {
+        for controller in BOTH {
+            for existing in [NOTHING, UPSTREAM] {
+                let o = observed(Scope::OptIn, controller, Some(&svc), existing);
+                assert_eq!(decide(&o), Decision::Idle(Idle::NotHandled));
+                let o = Observed {
+                    covered: true,
+                    opted_out_for: GRACE * 2,
+                    ..live(o)
+                };
+                assert_eq!(decide(&o), Decision::Idle(Idle::NotHandled));
+            }
+        }
+    }
+}
+
+/// All scope leaves a Service without a selector alone: its Endpoints
+/// belong to users (and ours, if it had one before, stay frozen as
+/// upstream's would).
+#[test]
+fn all_scope_never_touches_a_selectorless_service() {
+    let svc = selectorless();
+    for controller in BOTH {
+        for existing in [NOTHING, OWN, UPSTREAM] {
+            let o = observed(Scope::All, controller, Some(&svc), existing);
+            assert_eq!(decide(&live(o)), Decision::Idle(Idle::NotHandled));
+        }
+    }
+}
+
+#[test]
+fn an_opt_out_waits_for_upstream_to_cover_or_for_the_grace() {
+    let svc = plain();
+    for controller in BOTH {
+        let o = observed(Scope::OptIn, controller, Some(&svc), OWN);
+        assert_eq!(decide(&o), Decision::ReadService(Read::OptOut));
+        let waited = Observed {
+            opted_out_for: Duration::from_secs(60),
+            ..live(o)
+        };
+        assert_eq!(decide(&waited), Decision::Wait(GRACE - Duration::from_secs(60)));
+        let covered = Observed {
+            covered: true,
+            ..waited
+        };
+        assert_eq!(
+            decide(&covered),
+            Decision::Remove {
+                why: Removal::OptedOut,
+                managers: Managers::OWN
+            }
+        );
+        let timed_out = Observed {
+            opted_out_for: GRACE,
+            ..live(o)
+        };
+        assert_eq!(
+            decide(&timed_out),
+            Decision::Remove {
+                why: Removal::OptOutTimedOut,
+                managers: Managers::OWN
+            }
+        );
+    }
+}
+
+/// A live read that finds the Service opted in again after all (the cache
+/// was stale) removes nothing.
+#[test]
+fn an_opt_out_the_api_does_not_confirm_removes_nothing() {
+    let stale = plain();
+    let o = observed(Scope::OptIn, Controller::Endpointslices, Some(&stale), OWN);
+    assert_eq!(decide(&o), Decision::ReadService(Read::OptOut));
+    let current = opted_in(true);
+    let read = Observed {
+        service: Some(&current),
+        covered: true,
+        ..live(o)
+    };
+    assert!(reconciles(decide(&read)));
+}
+
+#[test]
+fn invalid_opt_in_freezes_whatever_exists() {
+    let broken = service(
+        json!({LABEL_OPT_IN: "true"}),
+        json!({ANNOTATION_SELECTOR: "{}"}),
+        json!({}),
+    );
+    for controller in BOTH {
+        for existing in [NOTHING, OWN, UPSTREAM] {
+            let o = observed(Scope::OptIn, controller, Some(&broken), existing);
+            assert_eq!(decide(&o), Decision::Frozen(Invalid::SelectorEmpty));
+            assert_eq!(decide(&live(o)), Decision::Frozen(Invalid::SelectorEmpty));
+        }
+    }
+}
+
+/// While an opted-in Service keeps its selector, upstream's Endpoints
+/// controller writes its Endpoints and we publish slices beside upstream's.
+#[test]
+fn with_its_selector_an_opted_in_service_shares_with_upstream() {
+    let svc = opted_in(true);
+    for existing in [NOTHING, OWN, UPSTREAM] {
+        let o = observed(Scope::OptIn, Controller::Endpoints, Some(&svc), existing);
+        assert_eq!(decide(&o), Decision::Idle(Idle::LeftToUpstream));
+        let o = observed(Scope::OptIn, Controller::Endpointslices, Some(&svc), existing);
+        let Decision::Reconcile(managed) = decide(&o) else {
+            panic!("slices are reconciled: {:?}", decide(&o));
+        };
+        assert_eq!(managed.managers, Managers::OWN, "upstream's slices stay upstream's");
+    }
+}
+
+/// Without its selector, upstream's frozen slices are taken over once a
+/// live read agrees; the Endpoints are simply written (no removal).
+#[test]
+fn without_its_selector_an_opted_in_service_is_taken_over_after_a_read() {
+    let svc = opted_in(false);
+    let o = observed(Scope::OptIn, Controller::Endpointslices, Some(&svc), UPSTREAM);
+    assert_eq!(decide(&o), Decision::ReadService(Read::Takeover));
+    let Decision::Reconcile(managed) = decide(&live(o)) else {
+        panic!("reconciled after the read");
+    };
+    assert_eq!(managed.managers, Managers::OWN_AND_UPSTREAM);
+    let o = observed(Scope::OptIn, Controller::Endpointslices, Some(&svc), OWN);
+    assert!(reconciles(decide(&o)), "only our own slices: no read");
+    let o = observed(Scope::OptIn, Controller::Endpoints, Some(&svc), UPSTREAM);
+    assert!(reconciles(decide(&o)));
+}
+
+/// All scope takes upstream's slices as its own without reading: ours carry
+/// upstream's value by default, and a read on every reconcile would be waste.
+#[test]
+fn all_scope_reconciles_without_reads() {
+    let svc = plain();
+    for controller in BOTH {
+        for existing in [NOTHING, OWN, UPSTREAM] {
+            let o = observed(Scope::All, controller, Some(&svc), existing);
+            assert!(reconciles(decide(&o)), "{controller:?} {existing:?}");
+        }
+    }
+}
+
+#[test]
+fn endpoints_turned_off_remove_only_what_upstream_or_we_left() {
+    let svc = service(
+        json!({LABEL_OPT_IN: "true"}),
+        json!({ANNOTATION_SELECTOR: r#"{"app":"web"}"#, ANNOTATION_ENDPOINTS: "false"}),
+        json!({}),
+    );
+    let o = observed(Scope::OptIn, Controller::Endpoints, Some(&svc), NOTHING);
+    assert_eq!(decide(&live(o)), Decision::Idle(Idle::EndpointsOff));
+    for existing in [OWN, UPSTREAM] {
+        let o = observed(Scope::OptIn, Controller::Endpoints, Some(&svc), existing);
+        assert_eq!(decide(&o), Decision::ReadService(Read::Takeover));
+        assert_eq!(
+            decide(&live(o)),
+            Decision::Remove {
+                why: Removal::EndpointsOff,
+                managers: Managers::OWN_AND_UPSTREAM
+            }
+        );
+    }
+    let o = observed(Scope::OptIn, Controller::Endpointslices, Some(&svc), OWN);
+    assert!(reconciles(decide(&o)), "its slices are still written");
+}
