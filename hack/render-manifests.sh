@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Renders deploy/ from the Helm chart, for `kubectl apply` users:
-#   deploy/endpoints-guard.yaml  everything (namespace endpoints-guard, audit mode)
+#   deploy/endpoints-guard.yaml  everything (namespace endpoints-guard, the chart's defaults)
 #   deploy/monitoring.yaml       ServiceMonitor, PrometheusRule, Grafana dashboard
 # (deploy/kustomization.yaml, written by hand, names the first for kustomize.)
-# The `helm test` hooks are left out (--skip-tests): they belong to Helm.
+# The `helm test` and pre-delete hooks are left out (--skip-tests, --no-hooks):
+# they belong to Helm.
 # tests/e2e/chart.rs fails when these drift from `helm template`.
 #
 # Usage: hack/render-manifests.sh [OUT_DIR]   (default: deploy/)
@@ -23,7 +24,7 @@ header() {
 {
   header "Apply: kubectl apply -f deploy/endpoints-guard.yaml"
   "$helm" template endpoints-guard "$root/charts/endpoints-guard" \
-    --namespace endpoints-guard --set createNamespace=true --skip-tests
+    --namespace endpoints-guard --set createNamespace=true --skip-tests --no-hooks
 } >"$out/endpoints-guard.yaml"
 
 {

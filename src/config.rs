@@ -296,6 +296,11 @@ pub enum Command {
     /// exits 1 when --timeout passes first. The chart's `helm test` Pod runs it
     /// on the metrics Service. Uses the global connection flags (--kubeconfig).
     VerifyEndpoints(VerifyArgs),
+    /// Exits 1 while any Service (of --namespace, else any) is opted in
+    /// (label endpoints-guard/opt-in), listing them: endpoints-guard is the
+    /// only writer of their endpoints, so they opt out before it is
+    /// uninstalled. The chart's pre-delete hook runs it in opt-in scope.
+    CheckUninstall,
 }
 
 #[derive(Debug, Clone, clap::Args)]

@@ -11,6 +11,7 @@
 //!   [`metrics_auth`], [`tls`]: /metrics over HTTPS for authorized callers.
 //! - [`wire`]: slim decode targets for the hot watch paths.
 
+pub mod check_uninstall;
 pub mod config;
 pub mod controller;
 pub mod desired;

@@ -4,7 +4,7 @@
 use anyhow::Context as _;
 use clap::Parser;
 use endpoints_guard::config::{Command, Config, LogFormat};
-use endpoints_guard::{controller, startup, verify_endpoints};
+use endpoints_guard::{check_uninstall, controller, startup, verify_endpoints};
 use tokio::sync::watch;
 use tracing_subscriber::EnvFilter;
 
@@ -63,10 +63,18 @@ fn runtime(threads: u16) -> std::io::Result<tokio::runtime::Runtime> {
 }
 
 async fn run(cfg: Config) -> anyhow::Result<()> {
-    if let Some(Command::VerifyEndpoints(args)) = &cfg.command {
-        let client = startup::client(&cfg).await?;
-        verify_endpoints::run(&client, args).await?;
-        return Ok(());
+    match &cfg.command {
+        Some(Command::VerifyEndpoints(args)) => {
+            let client = startup::client(&cfg).await?;
+            verify_endpoints::run(&client, args).await?;
+            return Ok(());
+        }
+        Some(Command::CheckUninstall) => {
+            let client = startup::client(&cfg).await?;
+            check_uninstall::run(&client, cfg.namespace.as_deref()).await?;
+            return Ok(());
+        }
+        None => {}
     }
     cfg.validate()
         .map_err(|why| anyhow::anyhow!("configuration: {why}"))?;

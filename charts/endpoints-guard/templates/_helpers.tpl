@@ -65,6 +65,14 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if and (gt (int .Values.replicaCount) 1) (not .Values.leaderElection.enabled) }}
 {{- fail "replicaCount > 1 needs leaderElection.enabled=true: without it every replica writes Endpoints" }}
 {{- end }}
+{{- if eq .Values.scope "opt-in" }}
+{{- if eq .Values.managedBy "upstream" }}
+{{- fail "scope opt-in writes its own managed-by value (kube-controller-manager's controllers, still on, would take objects with theirs): leave managedBy empty or set it to own" }}
+{{- end }}
+{{- if not (and (has "endpoints" .Values.controllers) (has "endpointslices" .Values.controllers)) }}
+{{- fail "scope opt-in runs both controllers (an opted-in Service's Endpoints that nobody rewrites stay frozen and are mirrored into slices): controllers must list endpoints and endpointslices" }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/*
