@@ -2,7 +2,7 @@
 # make e2e-node: endpoints-guard's chart on a real one-node cluster on this host
 # (kubelet, containerd, kube-proxy, a CNI bridge), traffic through a Service as
 # the judge, every fault row against endpoints-guard and against
-# kube-controller-manager's own endpoint controllers (tests/e2e/real_node.rs,
+# kube-controller-manager's own endpoint controllers (tests/e2e/real_node/,
 # docs/e2e-node.md).
 #
 #   hack/e2e-node.sh [full|short]    (default full; make test runs short)
@@ -60,5 +60,5 @@ fi
 log "building the node images"
 EG_BIN_DIR="$root/target/$profile" bash "$root/hack/node-images.sh" >/dev/null
 
-log "running tests/e2e/real_node.rs ($form)"
+log "running tests/e2e/real_node/ ($form)"
 (cd "$root" && EG_E2E_NODE="$form" "$cargo" test --test e2e -- --nocapture --exact real_node::rows_under_traffic)

@@ -258,7 +258,12 @@ pub fn read_ginkgo_report(text: &str, specs: &[Spec]) -> Result<BTreeMap<String,
 pub struct Row {
     pub spec: String,
     pub upstream: Option<SpecResult>,
+    /// endpoints-guard in all scope, in place of kube-controller-manager's
+    /// endpoint controllers.
     pub endpoints_guard: Option<SpecResult>,
+    /// endpoints-guard in opt-in scope, beside kube-controller-manager's
+    /// endpoint controllers (it must disturb none of the suite's Services).
+    pub opt_in: Option<SpecResult>,
 }
 
 impl Row {
@@ -274,9 +279,21 @@ impl Row {
         Self::outcome(&self.endpoints_guard)
     }
 
-    /// The longer of the two runs, seconds.
+    pub fn opt_in_outcome(&self) -> Outcome {
+        Self::outcome(&self.opt_in)
+    }
+
+    /// endpoints-guard's columns: who, and the result.
+    fn guard_columns(&self) -> [(&'static str, &Option<SpecResult>); 2] {
+        [
+            ("endpoints-guard", &self.endpoints_guard),
+            ("endpoints-guard in opt-in scope", &self.opt_in),
+        ]
+    }
+
+    /// The longest of the runs, seconds.
     pub fn seconds(&self) -> f64 {
-        [&self.upstream, &self.endpoints_guard]
+        [&self.upstream, &self.endpoints_guard, &self.opt_in]
             .into_iter()
             .flatten()
             .map(|r| r.seconds)
@@ -284,57 +301,64 @@ impl Row {
     }
 }
 
+/// The results of each column, by spec name; a column that was not run is
+/// `None`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Columns<'a> {
+    pub upstream: Option<&'a BTreeMap<String, SpecResult>>,
+    pub endpoints_guard: Option<&'a BTreeMap<String, SpecResult>>,
+    pub opt_in: Option<&'a BTreeMap<String, SpecResult>>,
+}
+
 /// The rows, one per spec of `specs`, in that order. A column that was not
 /// run is `None` in every row.
-pub fn rows(
-    specs: &[Spec],
-    upstream: Option<&BTreeMap<String, SpecResult>>,
-    guard: Option<&BTreeMap<String, SpecResult>>,
-) -> Vec<Row> {
+pub fn rows(specs: &[Spec], columns: Columns<'_>) -> Vec<Row> {
+    let get = |column: Option<&BTreeMap<String, SpecResult>>, spec: &Spec| {
+        column.and_then(|m| m.get(spec.name).cloned())
+    };
     specs
         .iter()
         .map(|spec| Row {
             spec: spec.name.to_string(),
-            upstream: upstream.and_then(|m| m.get(spec.name).cloned()),
-            endpoints_guard: guard.and_then(|m| m.get(spec.name).cloned()),
+            upstream: get(columns.upstream, spec),
+            endpoints_guard: get(columns.endpoints_guard, spec),
+            opt_in: get(columns.opt_in, spec),
         })
         .collect()
 }
 
-/// Why the run fails, one line each: a spec endpoints-guard does not pass
-/// where kube-controller-manager does (or, without the upstream column, at
-/// all; nothing about endpoints-guard without its column), and a spec
-/// neither column's report holds (a name that no longer matches the suite
-/// would otherwise pass unnoticed). A spec the suite itself skipped in both
-/// (one that asks for two nodes on the one-node cluster) is a skip the
-/// report shows, not a problem.
-pub fn verdict(rows: &[Row], upstream_ran: bool, guard_ran: bool) -> Vec<String> {
+/// What is wrong: a spec one of endpoints-guard's columns that ran does not
+/// pass although kube-controller-manager passes it (or, without the
+/// upstream column, does not pass at all unless the suite skipped it
+/// itself), and a spec no column ran.
+pub fn verdict(rows: &[Row], columns: Columns<'_>) -> Vec<String> {
+    let upstream_ran = columns.upstream.is_some();
+    let ran = [columns.endpoints_guard.is_some(), columns.opt_in.is_some()];
     let mut problems = Vec::new();
     for row in rows {
-        let (up, ours) = (row.upstream_outcome(), row.guard_outcome());
-        // Without the upstream column, a spec the suite skipped itself (it
-        // needs two nodes, say) says nothing about endpoints-guard.
-        let suite_skipped = row
-            .endpoints_guard
-            .as_ref()
-            .is_some_and(|r| r.outcome == Outcome::Skip);
-        if guard_ran
-            && ours != Outcome::Pass
-            && (up == Outcome::Pass || (!upstream_ran && !suite_skipped))
-        {
-            let why = row
-                .endpoints_guard
-                .as_ref()
-                .and_then(|r| r.failure.clone())
-                .unwrap_or_else(|| "not run".into());
-            problems.push(format!(
-                "endpoints-guard: {} ({}; kube-controller-manager: {}): {why}",
-                row.spec,
-                ours.as_str(),
-                up.as_str()
-            ));
+        let up = row.upstream_outcome();
+        for ((who, result), ran) in row.guard_columns().into_iter().zip(ran) {
+            let ours = Row::outcome(result);
+            // Without the upstream column, a spec the suite skipped itself
+            // (it needs two nodes, say) says nothing about endpoints-guard.
+            let suite_skipped = result.as_ref().is_some_and(|r| r.outcome == Outcome::Skip);
+            if ran
+                && ours != Outcome::Pass
+                && (up == Outcome::Pass || (!upstream_ran && !suite_skipped))
+            {
+                let why = result
+                    .as_ref()
+                    .and_then(|r| r.failure.clone())
+                    .unwrap_or_else(|| "not run".into());
+                problems.push(format!(
+                    "{who}: {} ({}; kube-controller-manager: {}): {why}",
+                    row.spec,
+                    ours.as_str(),
+                    up.as_str()
+                ));
+            }
         }
-        if row.upstream.is_none() && row.endpoints_guard.is_none() {
+        if row.upstream.is_none() && row.endpoints_guard.is_none() && row.opt_in.is_none() {
             problems.push(format!("{}: run by neither column", row.spec));
         }
     }
@@ -342,7 +366,8 @@ pub fn verdict(rows: &[Row], upstream_ran: bool, guard_ran: bool) -> Vec<String>
 }
 
 /// `report.json`: `specs` (one object per spec: `spec`, `node` (`fake` or
-/// `real`), `upstream`, `endpoints_guard`, `seconds`) and the run's context.
+/// `real`), `upstream`, `endpoints_guard`, `opt_in`, `seconds`) and the run's
+/// context.
 pub fn report_json(rows: &[Row], context: Value) -> Value {
     let specs: Vec<Value> = rows
         .iter()
@@ -352,6 +377,7 @@ pub fn report_json(rows: &[Row], context: Value) -> Value {
                 "node": if needs_real_node(&row.spec) { "real" } else { "fake" },
                 "upstream": row.upstream_outcome().as_str(),
                 "endpoints_guard": row.guard_outcome().as_str(),
+                "opt_in": row.opt_in_outcome().as_str(),
                 "seconds": (row.seconds() * 10.0).round() / 10.0,
             })
         })
@@ -362,11 +388,11 @@ pub fn report_json(rows: &[Row], context: Value) -> Value {
 /// `report.md`: the table, then the failure messages.
 pub fn report_markdown(rows: &[Row], header: &str) -> String {
     let mut out = format!("{header}\n\n");
-    out.push_str("| spec | node | kube-controller-manager | endpoints-guard | seconds |\n");
-    out.push_str("| --- | --- | --- | --- | ---: |\n");
+    out.push_str("| spec | node | kube-controller-manager | endpoints-guard | endpoints-guard, opt-in scope | seconds |\n");
+    out.push_str("| --- | --- | --- | --- | --- | ---: |\n");
     for row in rows {
         out.push_str(&format!(
-            "| `{}` | {} | {} | {} | {:.1} |\n",
+            "| `{}` | {} | {} | {} | {} | {:.1} |\n",
             row.spec,
             if needs_real_node(&row.spec) {
                 "real"
@@ -375,17 +401,15 @@ pub fn report_markdown(rows: &[Row], header: &str) -> String {
             },
             row.upstream_outcome().as_str(),
             row.guard_outcome().as_str(),
+            row.opt_in_outcome().as_str(),
             row.seconds()
         ));
     }
     let failures: Vec<String> = rows
         .iter()
         .flat_map(|row| {
-            [
-                ("kube-controller-manager", &row.upstream),
-                ("endpoints-guard", &row.endpoints_guard),
-            ]
-            .into_iter()
+            std::iter::once(("kube-controller-manager", &row.upstream))
+                .chain(row.guard_columns())
             .filter_map(move |(who, r)| {
                 r.as_ref()
                     .and_then(|r| r.failure.as_ref())
@@ -492,52 +516,97 @@ mod tests {
             spec: "s".into(),
             upstream: up.map(result),
             endpoints_guard: ours.map(result),
+            opt_in: None,
+        };
+        let ran = BTreeMap::new();
+        let both = Columns {
+            upstream: Some(&ran),
+            endpoints_guard: Some(&ran),
+            opt_in: None,
+        };
+        let guard_only = Columns {
+            upstream: None,
+            ..both
+        };
+        let upstream_only = Columns {
+            endpoints_guard: None,
+            ..both
         };
         // Both pass, both fail: nothing to say about endpoints-guard.
-        assert!(verdict(&[row(Some(Pass), Some(Pass))], true, true).is_empty());
-        assert!(verdict(&[row(Some(Fail), Some(Fail))], true, true).is_empty());
+        assert!(verdict(&[row(Some(Pass), Some(Pass))], both).is_empty());
+        assert!(verdict(&[row(Some(Fail), Some(Fail))], both).is_empty());
         // Only endpoints-guard fails, or skips: fails.
-        assert_eq!(verdict(&[row(Some(Pass), Some(Fail))], true, true).len(), 1);
-        assert_eq!(verdict(&[row(Some(Pass), Some(Skip))], true, true).len(), 1);
-        assert_eq!(verdict(&[row(Some(Pass), None)], true, true).len(), 1);
+        assert_eq!(verdict(&[row(Some(Pass), Some(Fail))], both).len(), 1);
+        assert_eq!(verdict(&[row(Some(Pass), Some(Skip))], both).len(), 1);
+        assert_eq!(verdict(&[row(Some(Pass), None)], both).len(), 1);
         // Without the upstream column, endpoints-guard must pass everything.
-        assert_eq!(verdict(&[row(None, Some(Fail))], false, true).len(), 1);
-        assert!(verdict(&[row(None, Some(Pass))], false, true).is_empty());
-        assert!(verdict(&[row(None, Some(Skip))], false, true).is_empty());
+        assert_eq!(verdict(&[row(None, Some(Fail))], guard_only).len(), 1);
+        assert!(verdict(&[row(None, Some(Pass))], guard_only).is_empty());
+        assert!(verdict(&[row(None, Some(Skip))], guard_only).is_empty());
         // Without endpoints-guard's column, only the upstream run counts.
-        assert!(verdict(&[row(Some(Pass), None)], true, false).is_empty());
+        assert!(verdict(&[row(Some(Pass), None)], upstream_only).is_empty());
         // Run by neither: the name matches nothing any more.
-        let problems = verdict(&[row(None, None)], true, true);
+        let problems = verdict(&[row(None, None)], both);
         assert!(
             problems.iter().any(|p| p.contains("run by neither")),
             "{problems:?}"
         );
         // Skipped by the suite itself in both columns: shown, not a problem.
-        assert!(verdict(&[row(Some(Skip), Some(Skip))], true, true).is_empty());
-        assert!(!verdict(&[row(None, None)], true, false).is_empty());
+        assert!(verdict(&[row(Some(Skip), Some(Skip))], both).is_empty());
+        assert!(!verdict(&[row(None, None)], upstream_only).is_empty());
+    }
+
+    /// The opt-in column is judged as the other: beside kube-controller-
+    /// manager's controllers, every spec they pass must still pass.
+    #[test]
+    fn the_verdict_judges_the_opt_in_column_too() {
+        use Outcome::*;
+        let row = |up: Outcome, opt_in: Option<Outcome>| Row {
+            spec: "s".into(),
+            upstream: Some(result(up)),
+            endpoints_guard: None,
+            opt_in: opt_in.map(result),
+        };
+        let ran = BTreeMap::new();
+        let columns = Columns {
+            upstream: Some(&ran),
+            endpoints_guard: None,
+            opt_in: Some(&ran),
+        };
+        assert!(verdict(&[row(Pass, Some(Pass))], columns).is_empty());
+        let problems = verdict(&[row(Pass, Some(Fail))], columns);
+        assert_eq!(problems.len(), 1);
+        assert!(problems[0].starts_with("endpoints-guard in opt-in scope"), "{problems:?}");
+        assert_eq!(verdict(&[row(Pass, None)], columns).len(), 1);
+        assert!(verdict(&[row(Fail, Some(Fail))], columns).is_empty());
     }
 
     #[test]
-    fn reports_carry_both_columns() {
+    fn reports_carry_every_column() {
         let specs = &FAKE_NODE_SPECS[..2];
         let up: BTreeMap<String, SpecResult> = [
             (specs[0].name.to_string(), result(Outcome::Pass)),
             (specs[1].name.to_string(), result(Outcome::Fail)),
         ]
         .into();
-        let rows = rows(specs, Some(&up), None);
+        let upstream_only = Columns {
+            upstream: Some(&up),
+            ..Columns::default()
+        };
+        let rows = rows(specs, upstream_only);
         let json = report_json(&rows, json!({"commit": "abc"}));
         assert_eq!(json["specs"][0]["upstream"], "pass");
         assert_eq!(json["specs"][0]["node"], "fake");
         assert_eq!(json["specs"][0]["endpoints_guard"], "skip");
+        assert_eq!(json["specs"][0]["opt_in"], "skip");
         assert_eq!(json["specs"][1]["upstream"], "fail");
         assert_eq!(json["specs"][1]["seconds"], 3.0);
         assert_eq!(json["context"]["commit"], "abc");
         let md = report_markdown(&rows, "# Report");
-        assert!(md.contains("| KWOK | pass | skip | 3.0 |"), "{md}");
-        let real = super::rows(&REAL_NODE_SPECS[..1], Some(&up), None);
+        assert!(md.contains("| KWOK | pass | skip | skip | 3.0 |"), "{md}");
+        let real = super::rows(&REAL_NODE_SPECS[..1], upstream_only);
         assert_eq!(report_json(&real, json!({}))["specs"][0]["node"], "real");
-        assert!(report_markdown(&real, "#").contains("| real | skip | skip |"));
+        assert!(report_markdown(&real, "#").contains("| real | skip | skip | skip |"));
         assert!(md.contains("- kube-controller-manager, `"), "{md}");
     }
 }

@@ -1,8 +1,10 @@
 //! `make conformance` (and the fake-node part of `make test`): upstream's
 //! network e2e specs for the Endpoints, EndpointSlice and mirroring
 //! controllers, once against kube-controller-manager's own endpoint
-//! controllers and once against endpoints-guard (the release binary, enforce
-//! mode, both controllers), each on a fresh cluster of the same kind:
+//! controllers, once against endpoints-guard in their place (the release
+//! binary, enforce mode, both controllers), and once with endpoints-guard in
+//! opt-in scope beside them (no spec's Service opts in: it must disturb
+//! none), each on a fresh cluster of the same kind:
 //!
 //! - etcd and kube-apiserver from `make controlplane`, with kube-apiserver's
 //!   lease endpoint reconciler and an advertise address that is not loopback
@@ -29,7 +31,7 @@
 //! spec that kube-controller-manager passes, when a spec is run by neither
 //! column, or when a real node left the host changed.
 //!
-//! Usage: `eg-conformance [--only upstream|endpoints-guard] [--nodes
+//! Usage: `eg-conformance [--only upstream|endpoints-guard|opt-in] [--nodes
 //! fake|real|all] [--out DIR]` (default all). `EG_BINARY` names the
 //! endpoints-guard binary (default `target/release/endpoints-guard`).
 
@@ -45,7 +47,8 @@ use eg_harness::loopback;
 use eg_harness::process::{Process, free_port};
 use eg_harness::{ControlPlane, ControlPlaneOptions};
 use eg_tools::conformance::{
-    FAKE_NODE_SPECS, Outcome, REAL_NODE_SPECS, Row, Spec, SpecResult, focus, read_ginkgo_report,
+    Columns, FAKE_NODE_SPECS, Outcome, REAL_NODE_SPECS, Row, Spec, SpecResult, focus,
+    read_ginkgo_report,
     report_json, report_markdown, rows, verdict,
 };
 use eg_tools::node::{self, NodeImages, NodeOptions, RealNode};
@@ -54,26 +57,43 @@ use kube::Api;
 use kube::api::PostParams;
 use serde_json::json;
 
-/// The two columns.
+/// The columns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Column {
+    /// kube-controller-manager's endpoint controllers.
     Upstream,
+    /// endpoints-guard in their place (all scope).
     Guard,
+    /// endpoints-guard in opt-in scope beside them: no spec's Service opts
+    /// in, so it must disturb none.
+    OptIn,
 }
 
 impl Column {
+    const ALL: [Column; 3] = [Column::Upstream, Column::Guard, Column::OptIn];
+
     fn dir_name(self) -> &'static str {
         match self {
             Column::Upstream => "upstream",
             Column::Guard => "endpoints-guard",
+            Column::OptIn => "opt-in",
         }
     }
 
     /// kube-controller-manager's `--controllers`.
     fn kcm_controllers(self) -> &'static str {
         match self {
-            Column::Upstream => "*",
+            Column::Upstream | Column::OptIn => "*",
             Column::Guard => "*,-endpoints-controller,-endpointslice-controller",
+        }
+    }
+
+    /// endpoints-guard's `--scope`, where it runs.
+    fn guard_scope(self) -> Option<&'static str> {
+        match self {
+            Column::Upstream => None,
+            Column::Guard => Some("all"),
+            Column::OptIn => Some("opt-in"),
         }
     }
 }
@@ -213,7 +233,12 @@ async fn wait_nodes_ready(nodes: &Api<Node>, programs: &mut [Process], logs: &Pa
     }
 }
 
-async fn start_guard(paths: &Paths, kubeconfig: String, logs: &Path) -> Result<Process> {
+async fn start_guard(
+    paths: &Paths,
+    kubeconfig: String,
+    scope: &str,
+    logs: &Path,
+) -> Result<Process> {
     let port = free_port()?;
     let mut guard = Process::spawn(
         "endpoints-guard",
@@ -223,6 +248,7 @@ async fn start_guard(paths: &Paths, kubeconfig: String, logs: &Path) -> Result<P
             format!("--metrics-addr=127.0.0.1:{port}"),
             "--mode=enforce".into(),
             "--controllers=endpoints,endpointslices".into(),
+            format!("--scope={scope}"),
         ],
         &logs.join("endpoints-guard.log"),
     )?;
@@ -300,8 +326,8 @@ async fn start_cluster(column: Column, paths: &Paths, advertise: IpAddr) -> Resu
         nodes.create(&PostParams::default(), &node).await?;
     }
     wait_nodes_ready(&nodes, &mut programs, &logs).await?;
-    if column == Column::Guard {
-        programs.push(start_guard(paths, kubeconfig, &logs).await?);
+    if let Some(scope) = column.guard_scope() {
+        programs.push(start_guard(paths, kubeconfig, scope, &logs).await?);
     }
     Ok(Cluster {
         cp,
@@ -469,10 +495,11 @@ async fn run_real_column(
     );
     let kubeconfig = node.cp.kubeconfig_path().to_path_buf();
     let logs = node.cp.log_dir().to_path_buf();
-    let guard = if column == Column::Guard {
+    let guard = if let Some(scope) = column.guard_scope() {
         match start_guard(
             paths,
             format!("--kubeconfig={}", kubeconfig.display()),
+            scope,
             &logs,
         )
         .await
@@ -555,7 +582,7 @@ impl Nodes {
 }
 
 const USAGE: &str =
-    "eg-conformance [--only upstream|endpoints-guard] [--nodes fake|real|all] [--out DIR]";
+    "eg-conformance [--only upstream|endpoints-guard|opt-in] [--nodes fake|real|all] [--out DIR]";
 
 #[tokio::main]
 async fn main() -> Result<()> {
@@ -566,11 +593,15 @@ async fn main() -> Result<()> {
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--only" => {
-                only = Some(match args.next().as_deref() {
-                    Some("upstream") => Column::Upstream,
-                    Some("endpoints-guard") => Column::Guard,
-                    other => bail!("--only upstream|endpoints-guard, not {other:?}"),
-                })
+                let name = args.next();
+                only = Some(
+                    Column::ALL
+                        .into_iter()
+                        .find(|c| Some(c.dir_name()) == name.as_deref())
+                        .with_context(|| {
+                            format!("--only upstream|endpoints-guard|opt-in, not {name:?}")
+                        })?,
+                )
             }
             "--nodes" => {
                 nodes = match args.next().as_deref() {
@@ -589,9 +620,10 @@ async fn main() -> Result<()> {
     std::fs::create_dir_all(&out)?;
     let columns: Vec<Column> = match only {
         Some(c) => vec![c],
-        None => vec![Column::Upstream, Column::Guard],
+        None => Column::ALL.to_vec(),
     };
-    let paths = Paths::locate(out.clone(), columns.contains(&Column::Guard))?;
+    let needs_guard = columns.iter().any(|c| c.guard_scope().is_some());
+    let paths = Paths::locate(out.clone(), needs_guard)?;
     let started = Instant::now();
     let mut results: BTreeMap<&str, BTreeMap<String, SpecResult>> = BTreeMap::new();
     let mut context = json!({"kubernetes": "v1.36.3"});
@@ -653,14 +685,17 @@ async fn main() -> Result<()> {
         drop(lock);
     }
 
-    let upstream = results.get(Column::Upstream.dir_name());
-    let guard = results.get(Column::Guard.dir_name());
+    let columns = Columns {
+        upstream: results.get(Column::Upstream.dir_name()),
+        endpoints_guard: results.get(Column::Guard.dir_name()),
+        opt_in: results.get(Column::OptIn.dir_name()),
+    };
     let specs: Vec<Spec> = FAKE_NODE_SPECS
         .iter()
         .chain(REAL_NODE_SPECS.iter())
         .copied()
         .collect();
-    let rows = rows(&specs, upstream, guard);
+    let rows = rows(&specs, columns);
     let commit = command_output("git", &["rev-parse", "--short", "HEAD"], &root);
     let date = command_output("date", &["-u", "+%Y-%m-%d %H:%M UTC"], &root);
     let seconds = started.elapsed().as_secs_f64();
@@ -692,7 +727,7 @@ async fn main() -> Result<()> {
             if real { real_ran } else { nodes.fake() }
         })
         .collect();
-    let problems = verdict(&judged, upstream.is_some(), guard.is_some());
+    let problems = verdict(&judged, columns);
     if !problems.is_empty() {
         eprintln!(
             "conformance: {} problem(s):\n{}",
@@ -701,19 +736,21 @@ async fn main() -> Result<()> {
         );
         std::process::exit(1);
     }
-    let count = |outcome| {
-        judged
-            .iter()
-            .filter(|r| r.guard_outcome() == outcome)
-            .count()
+    let count = |column: fn(&Row) -> Outcome, outcome| {
+        judged.iter().filter(|r| column(r) == outcome).count()
     };
     println!("report: {}", out.join("report.md").display());
-    // endpoints-guard's column, in the closing form CI reads.
-    println!(
-        "conformance: {} passed, {} failed, {} skipped",
-        count(Outcome::Pass),
-        count(Outcome::Fail),
-        count(Outcome::Skip)
-    );
+    // endpoints-guard's columns, in the closing form CI reads.
+    for (what, column) in [
+        ("", Row::guard_outcome as fn(&Row) -> Outcome),
+        (" (opt-in scope)", Row::opt_in_outcome),
+    ] {
+        println!(
+            "conformance{what}: {} passed, {} failed, {} skipped",
+            count(column, Outcome::Pass),
+            count(column, Outcome::Fail),
+            count(column, Outcome::Skip)
+        );
+    }
     Ok(())
 }

@@ -154,6 +154,9 @@ pub struct Moment {
 /// records a [`Moment`] every 100 ms.
 pub struct ServiceWatch {
     moments: Arc<Mutex<Vec<Moment>>>,
+    /// Every `endpointslice.kubernetes.io/managed-by` value a slice of the
+    /// Service has carried since the watch started.
+    managers: Arc<Mutex<BTreeSet<String>>>,
     tasks: Vec<JoinHandle<()>>,
     pods: Store<Pod>,
     slices: Store<EndpointSlice>,
@@ -182,6 +185,7 @@ impl ServiceWatch {
         .default_backoff()
         .applied_objects();
         let moments = Arc::new(Mutex::new(Vec::new()));
+        let managers = Arc::new(Mutex::new(BTreeSet::new()));
         // A moment after every event (a transient state kube-proxy may act
         // on is caught however short), and every 100 ms besides.
         // Nothing is recorded until both stores hold their first list: a
@@ -189,14 +193,24 @@ impl ServiceWatch {
         let listed = Arc::new(AtomicBool::new(false));
         let record = {
             let (pods, slices, moments) = (pods.clone(), slices.clone(), moments.clone());
-            let listed = listed.clone();
+            let (listed, managers) = (listed.clone(), managers.clone());
             move || {
                 if !listed.load(Ordering::Relaxed) {
                     return;
                 }
+                let slices = slices.state();
+                if let Ok(mut seen) = managers.lock() {
+                    seen.extend(slices.iter().filter_map(|s| {
+                        s.metadata
+                            .labels
+                            .as_ref()?
+                            .get("endpointslice.kubernetes.io/managed-by")
+                            .cloned()
+                    }));
+                }
                 let moment = Moment {
                     at: Instant::now(),
-                    published: published(&slices.state()),
+                    published: published(&slices),
                     live: live(&pods.state()),
                 };
                 if let Ok(mut all) = moments.lock() {
@@ -224,10 +238,22 @@ impl ServiceWatch {
         }));
         Self {
             moments,
+            managers,
             tasks,
             pods,
             slices,
         }
+    }
+
+    /// Every managed-by value a slice of the Service carried since the
+    /// watch started.
+    pub fn managers_seen(&self) -> BTreeSet<String> {
+        self.managers.lock().map(|m| m.clone()).unwrap_or_default()
+    }
+
+    /// The Service's slices now.
+    pub fn slices(&self) -> Vec<Arc<EndpointSlice>> {
+        self.slices.state()
     }
 
     /// The moments recorded so far.

@@ -10,6 +10,11 @@
 //! the watch-chaos sidecar) and with kube-controller-manager's own endpoint
 //! controllers behind the same watch-chaos.
 //!
+//! Then the opt-in rows (`opt_in.rs`): kube-controller-manager with all its
+//! controllers, endpoints-guard installed in opt-in scope beside it, one
+//! Deployment behind two Services, one opted in and one not, traffic to
+//! both.
+//!
 //! Runs only with EG_E2E_NODE=short (make test: one fault row per
 //! controller) or EG_E2E_NODE=full (make e2e-node: every row), as root on a
 //! host with containerd, runc, the CNI plugins and iptables (hack/e2e-node.sh
@@ -56,10 +61,18 @@ enum Form {
     Full,
 }
 
+mod opt_in;
+
 #[derive(Debug, Clone, serde::Serialize)]
 struct Row {
     name: String,
     controller: String,
+    /// endpoints-guard's scope in the row: "all" (it or kube-controller-
+    /// manager's endpoint controllers alone), or "opt-in" (beside them; the
+    /// kube-controller-manager row is then the Service that did not opt in).
+    scope: &'static str,
+    /// The Service the traffic went to.
+    service: String,
     sent: usize,
     failed_wrong_endpoints: usize,
     failed_other: usize,
@@ -74,9 +87,22 @@ struct Row {
 
 impl Row {
     fn new(name: &str, controller: &str, verdict: Verdict, note: String) -> Self {
+        Self::scoped(name, controller, "all", SERVICE, verdict, note)
+    }
+
+    fn scoped(
+        name: &str,
+        controller: &str,
+        scope: &'static str,
+        service: &str,
+        verdict: Verdict,
+        note: String,
+    ) -> Self {
         Self {
             name: name.to_string(),
             controller: controller.to_string(),
+            scope,
+            service: service.to_string(),
             sent: verdict.sent,
             failed_wrong_endpoints: verdict.failed_wrong_endpoints,
             failed_other: verdict.failed_other,
@@ -95,6 +121,8 @@ enum Writer {
     /// kube-controller-manager's endpoint controllers on the host, behind a
     /// watch-chaos of their own.
     Upstream { chaos: ChaosProxy, kcm: Process },
+    /// Both at once (opt-in scope): a fault reaches every watch-chaos.
+    Both { chaos: ChaosProxy, kcm: Process },
 }
 
 /// kube-controller-manager's endpoint controllers, through watch-chaos.
@@ -198,20 +226,22 @@ async fn rows_under_traffic() -> Result<()> {
 /// kube-controller-manager. The short form's one row has been seen not to
 /// bite upstream once in six runs (the replays reached it, yet its slices
 /// kept every endpoint), so there it is reported, not required: a CI that
-/// fails on chance proves nothing.
+/// fails on chance proves nothing. The opt-in rows add theirs
+/// ([`opt_in::verdict`]).
 fn verdict(rows: &[Row], form: Form) -> Result<()> {
     for row in rows.iter().filter(|r| r.controller == GUARD) {
         ensure!(
             row.failed_wrong_endpoints == 0,
-            "{}: endpoints-guard failed {} requests with wrong endpoints: {:?}",
+            "{} ({} scope): endpoints-guard failed {} requests with wrong endpoints: {:?}",
             row.name,
+            row.scope,
             row.failed_wrong_endpoints,
             row.examples
         );
     }
     let bitten = rows
         .iter()
-        .any(|r| r.controller == UPSTREAM && r.failed_wrong_endpoints > 0);
+        .any(|r| r.controller == UPSTREAM && r.scope == "all" && r.failed_wrong_endpoints > 0);
     match form {
         Form::Full => ensure!(
             bitten,
@@ -224,7 +254,7 @@ fn verdict(rows: &[Row], form: Form) -> Result<()> {
         }
         Form::Short => {}
     }
-    Ok(())
+    opt_in::verdict(rows, form)
 }
 
 impl Run<'_> {
@@ -249,7 +279,11 @@ impl Run<'_> {
         // Its informers' first lists are done before any fault is replayed.
         tokio::time::sleep(Duration::from_secs(10)).await;
         self.rows_for(&mut upstream, UPSTREAM).await?;
-        Ok(())
+        let Writer::Upstream { chaos, kcm } = upstream else {
+            bail!("the upstream column lost its writer");
+        };
+        delete_namespace(&self.client, TEST_NS).await?;
+        opt_in::rows(self, Writer::Both { chaos, kcm }).await
     }
 
     async fn rows_for(&mut self, writer: &mut Writer, controller: &str) -> Result<()> {
@@ -271,7 +305,7 @@ impl Run<'_> {
             ];
         }
         for name in names {
-            if name == "leader pod deleted" && matches!(writer, Writer::Upstream { .. }) {
+            if name == "leader pod deleted" && !matches!(writer, Writer::Guard) {
                 continue;
             }
             wait_published(&watch, 3, Duration::from_secs(60)).await?;
@@ -321,7 +355,7 @@ impl Run<'_> {
                 *kcm = start_upstream(self.node, chaos)?;
                 wait_published_exactly(watch, 3, Duration::from_secs(60)).await
             }
-            Writer::Upstream { .. } => Ok(()),
+            Writer::Upstream { .. } | Writer::Both { .. } => Ok(()),
         }
     }
 
@@ -522,6 +556,11 @@ impl Run<'_> {
     }
 
     async fn install_chart(&mut self) -> Result<()> {
+        self.install_chart_with(&[]).await
+    }
+
+    /// `helm install` with hack/node-values.yaml and `sets` (`--set`).
+    async fn install_chart_with(&mut self, sets: &[&str]) -> Result<()> {
         create_namespace(&self.client, SYSTEM_NS).await?;
         let values = workspace_root()?.join("hack/node-values.yaml");
         // EG_E2E_NODE_CHART: another copy of the chart (a packaged one, say).
@@ -529,21 +568,24 @@ impl Run<'_> {
             Some(dir) => PathBuf::from(dir),
             None => workspace_root()?.join("charts/endpoints-guard"),
         };
-        helm(
-            self.node,
-            &[
-                "install",
-                RELEASE,
-                &chart.display().to_string(),
-                "--namespace",
-                SYSTEM_NS,
-                "--values",
-                &values.display().to_string(),
-                "--wait",
-                "--timeout",
-                "180s",
-            ],
-        )?;
+        let chart = chart.display().to_string();
+        let values = values.display().to_string();
+        let mut args = vec![
+            "install",
+            RELEASE,
+            &chart,
+            "--namespace",
+            SYSTEM_NS,
+            "--values",
+            &values,
+            "--wait",
+            "--timeout",
+            "180s",
+        ];
+        for set in sets {
+            args.extend(["--set", set]);
+        }
+        helm(self.node, &args)?;
         let leases: Api<Lease> = Api::namespaced(self.client.clone(), SYSTEM_NS);
         let deadline = Instant::now() + Duration::from_secs(60);
         while lease_holder(&leases).await.unwrap_or_default().is_empty() {
@@ -583,6 +625,11 @@ impl Run<'_> {
 }
 
 fn helm(node: &RealNode, args: &[&str]) -> Result<()> {
+    helm_result(node, args)?.map_err(|err| anyhow::anyhow!("helm {}: {err}", args.join(" ")))
+}
+
+/// Runs helm: `Err` inside when helm failed, with what it printed.
+fn helm_result(node: &RealNode, args: &[&str]) -> Result<Result<(), String>> {
     let helm = program("helm")?;
     let out = Command::new(&helm)
         .args(args)
@@ -591,13 +638,9 @@ fn helm(node: &RealNode, args: &[&str]) -> Result<()> {
         .output()
         .context("running helm")?;
     if !out.status.success() {
-        bail!(
-            "helm {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        return Ok(Err(String::from_utf8_lossy(&out.stderr).into_owned()));
     }
-    Ok(())
+    Ok(Ok(()))
 }
 
 async fn create_namespace(client: &Client, name: &str) -> Result<()> {
@@ -773,14 +816,21 @@ async fn lease_holder(leases: &Api<Lease>) -> Result<String> {
         .unwrap_or_default())
 }
 
+/// The control API of the host's watch-chaos (kube-controller-manager's).
+fn host_chaos(chaos: &ChaosProxy) -> SocketAddr {
+    SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, chaos.control_port))
+}
+
 /// The control APIs of the watch-chaos in front of the controller: both
-/// sidecars of the chart's pods, or the host's.
+/// sidecars of the chart's pods, the host's, or all of them.
 async fn chaos_controls(writer: &Writer, client: &Client) -> Result<Vec<SocketAddr>> {
     match writer {
-        Writer::Upstream { chaos, .. } => Ok(vec![SocketAddr::from((
-            std::net::Ipv4Addr::LOCALHOST,
-            chaos.control_port,
-        ))]),
+        Writer::Upstream { chaos, .. } => Ok(vec![host_chaos(chaos)]),
+        Writer::Both { chaos, .. } => {
+            let mut all = Box::pin(chaos_controls(&Writer::Guard, client)).await?;
+            all.push(host_chaos(chaos));
+            Ok(all)
+        }
         Writer::Guard => {
             let pods: Api<Pod> = Api::namespaced(client.clone(), SYSTEM_NS);
             let list = pods
@@ -813,8 +863,15 @@ async fn chaos_post(writer: &Writer, client: &Client, path: &str, body: Value) -
 /// Replays an old DELETE of the live pod `pod` to every open pod watch of
 /// each watch-chaos, retrying until each one had a watch to send it to.
 async fn replay_old_delete(writer: &Writer, client: &Client, pod: &str) -> Result<()> {
-    let body = json!({"resource": "pods", "namespace": TEST_NS, "name": pod}).to_string();
-    for addr in chaos_controls(writer, client).await? {
+    let controls = chaos_controls(writer, client).await?;
+    replay_old_delete_to(&controls, "pods", pod).await
+}
+
+/// Replays an old DELETE of the live `resource` object `name` (of the test
+/// namespace) through the watch-chaos at `controls`.
+async fn replay_old_delete_to(controls: &[SocketAddr], resource: &str, name: &str) -> Result<()> {
+    let body = json!({"resource": resource, "namespace": TEST_NS, "name": name}).to_string();
+    for addr in controls.iter().copied() {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let answer = loopback::json_to(
@@ -831,7 +888,7 @@ async fn replay_old_delete(writer: &Writer, client: &Client, pod: &str) -> Resul
             }
             ensure!(
                 Instant::now() < deadline,
-                "no pod watch through {addr} for 20 s"
+                "no {resource} watch through {addr} for 20 s"
             );
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
@@ -905,22 +962,25 @@ fn write_timeline(
 }
 
 fn markdown(rows: &[Row], teardown: &node::Teardown) -> String {
-    let mut by_name: BTreeMap<&str, Vec<&Row>> = BTreeMap::new();
+    let mut by_name: BTreeMap<(&str, &str), Vec<&Row>> = BTreeMap::new();
     let mut order = Vec::new();
     for row in rows {
-        if !by_name.contains_key(row.name.as_str()) {
-            order.push(row.name.as_str());
+        let key = (row.scope, row.name.as_str());
+        if !by_name.contains_key(&key) {
+            order.push(key);
         }
-        by_name.entry(&row.name).or_default().push(row);
+        by_name.entry(key).or_default().push(row);
     }
     let mut out = String::from(
-        "| scenario | controller | sent | failed: wrong endpoints | failed: other | longest failure streak (s) | note |\n|---|---|---:|---:|---:|---:|---|\n",
+        "| scenario | scope | Service | controller | sent | failed: wrong endpoints | failed: other | longest failure streak (s) | note |\n|---|---|---|---|---:|---:|---:|---:|---|\n",
     );
-    for name in order {
-        for row in &by_name[name] {
+    for key in order {
+        for row in &by_name[&key] {
             out.push_str(&format!(
-                "| {} | {} | {} | {} | {} | {:.2} | {} |\n",
+                "| {} | {} | {} | {} | {} | {} | {} | {:.2} | {} |\n",
                 row.name,
+                row.scope,
+                row.service,
                 row.controller,
                 row.sent,
                 row.failed_wrong_endpoints,
