@@ -281,14 +281,23 @@ fn the_helm_test_hook_is_a_restricted_pod_of_the_same_image() -> Result<()> {
     assert!(args.contains(&"--service=endpoints-guard-metrics".to_string()));
     assert!(
         args.contains(&"--any-writer".to_string()),
-        "audit mode (the default): upstream writes them"
+        "opt-in scope (the default): upstream writes them"
     );
     let mut argv = vec!["endpoints-guard".to_string()];
     argv.extend(args);
     <Config as clap::Parser>::try_parse_from(&argv)?;
-    let enforce = documents(&template(&["mode=enforce"])?)?;
-    let args = strings(&find(&enforce, "Pod")?["spec"]["containers"][0]["args"]);
-    assert!(!args.contains(&"--any-writer".to_string()), "{args:?}");
+    for (values, any_writer) in [
+        (&["scope=all", "mode=enforce"][..], false),
+        (&["scope=all", "mode=audit"][..], true),
+    ] {
+        let docs = documents(&template(values)?)?;
+        let args = strings(&find(&docs, "Pod")?["spec"]["containers"][0]["args"]);
+        assert_eq!(
+            args.contains(&"--any-writer".to_string()),
+            any_writer,
+            "{values:?}: {args:?}"
+        );
+    }
     // Its ServiceAccount, Role and RoleBinding are hooks too: none without tests.
     let hooks: Vec<&str> = docs
         .iter()
