@@ -259,6 +259,16 @@ fn uninstall_is_checked_in_opt_in_scope() -> Result<()> {
     );
     assert_eq!(pod["restartPolicy"].as_str(), Some("Never"));
     assert_eq!(pod["securityContext"]["runAsNonRoot"].as_bool(), Some(true));
+    // The metrics Service and the PodDisruptionBudget select the
+    // Deployment's pods by these labels: the check's pod is not one.
+    let selector = &deployment["spec"]["selector"]["matchLabels"];
+    let labels = &job["spec"]["template"]["metadata"]["labels"];
+    let selected = selector
+        .as_mapping()
+        .context("the Deployment's selector")?
+        .iter()
+        .all(|(key, value)| labels[key.as_str().unwrap_or_default()] == *value);
+    assert!(!selected, "the check's pod {labels:?} matches {selector:?}");
     let check = &pod["containers"][0];
     assert_eq!(
         check["image"],
