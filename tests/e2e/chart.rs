@@ -188,7 +188,11 @@ fn values_are_checked() -> Result<()> {
     }
     template(&["leaderElection.enabled=false", "replicaCount=1"])?;
     // Opt-in scope writes its own managed-by value and runs both controllers.
-    for bad in ["managedBy=upstream", "controllers={endpoints}", "scope=some"] {
+    for bad in [
+        "managedBy=upstream",
+        "controllers={endpoints}",
+        "scope=some",
+    ] {
         assert!(template(&[bad]).is_err(), "{bad} accepted in opt-in scope");
     }
     template(&["scope=all", "managedBy=upstream"])?;
