@@ -48,6 +48,15 @@ fn chart_metadata_is_complete_and_packages() -> Result<()> {
         .arg(dir.path()))?;
     let package = dir.path().join(format!("endpoints-guard-{version}.tgz"));
     assert!(package.is_file(), "no {}", package.display());
+    // Who has only the package has the README and the runbook.
+    let readme = std::fs::read_to_string(root().join(CHART).join("README.md"))?;
+    let shown = stdout(Command::new(helm()).args(["show", "readme"]).arg(&package))?;
+    assert_eq!(shown.trim_end(), readme.trim_end());
+    let listing = stdout(Command::new("tar").arg("-tzf").arg(&package))?;
+    assert!(
+        listing.lines().any(|l| l == "endpoints-guard/runbook.md"),
+        "{listing}"
+    );
     // The package renders like the folder.
     let from_package = stdout(
         Command::new(helm())
