@@ -79,6 +79,26 @@ fn deploy_manifests_match_helm_template() -> Result<()> {
     Ok(())
 }
 
+/// The chart's README (its values table) and runbook.md are what `make
+/// chart-readme` makes of values.yaml's comments and docs/runbook.md, and
+/// `helm show readme` prints the README.
+#[test]
+fn the_chart_readme_and_runbook_are_generated() -> Result<()> {
+    for (path, want) in eg_tools::chart_docs::expected(&root())? {
+        let have = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        assert!(
+            have == want,
+            "{} differs from what `make chart-readme` makes: run it and commit the result",
+            path.display()
+        );
+    }
+    let readme = std::fs::read_to_string(root().join(CHART).join("README.md"))?;
+    let shown = stdout(Command::new(helm()).args(["show", "readme", CHART]))?;
+    assert_eq!(shown.trim_end(), readme.trim_end());
+    Ok(())
+}
+
 #[test]
 fn every_flag_is_reachable_from_values() -> Result<()> {
     let rendered = template(&[

@@ -44,6 +44,16 @@ pub enum Step {
     },
 }
 
+/// A list whose disputed items are being read live: what it ended at, and
+/// what the store was known to have reached before it (the evidence a
+/// confirmed rewind is logged with).
+#[derive(Debug)]
+pub(super) struct DisputedList {
+    list_rv: String,
+    mode: ListMode,
+    known_rv: Option<String>,
+}
+
 /// The decisions of one watcher.
 pub struct WatchCore<T: Cached> {
     pub(super) machine: Machine,
@@ -54,10 +64,10 @@ pub struct WatchCore<T: Cached> {
     pub(super) list: Option<ListDiffBuilder<T>>,
     /// The mode of the next list to start.
     pub(super) next_mode: ListMode,
-    /// Items of the last list that live reads must settle, and the list's RV
-    /// and mode to go on with afterwards.
+    /// Items of the last list that live reads must settle, and how to go
+    /// on with that list afterwards.
     pub(super) disputes: VecDeque<Dispute<T>>,
-    pub(super) after_disputes: Option<(String, ListMode)>,
+    pub(super) after_disputes: Option<DisputedList>,
     /// A read settled a dispute as a rewound store.
     pub(super) rewind_confirmed: bool,
     /// Taken when a [`Step::Read`] is handed out.
@@ -184,7 +194,14 @@ impl<T: Cached> WatchCore<T> {
         let was_rewound = builder.rewound();
         builder.apply_page(&mut self.store.write(), page.items, &page.resource_version);
         if builder.rewound() && !was_rewound {
-            self.start_rewind(&page.resource_version, "the consistent list's RV");
+            // The store's own high-water mark already is the list's RV here:
+            // the list's floor is what it held before.
+            let known_rv = builder.floor().map(str::to_owned);
+            self.start_rewind(
+                &page.resource_version,
+                known_rv.as_deref(),
+                "the consistent list's RV",
+            );
         }
         match self
             .machine
@@ -195,11 +212,12 @@ impl<T: Cached> WatchCore<T> {
         }
     }
 
-    fn start_rewind(&mut self, list_rv: &str, evidence: &str) {
-        let floor = self.store.read().highest_rv().map(str::to_owned);
+    /// The store went back from `known_rv` (the highest RV known before the
+    /// list that showed it) to `list_rv`.
+    fn start_rewind(&mut self, list_rv: &str, known_rv: Option<&str>, evidence: &str) {
         warn!(
             list_rv,
-            known_rv = ?floor,
+            known_rv = known_rv.unwrap_or("unknown"),
             evidence,
             "the store was rewound (etcd restored from a backup?): the cache starts over from a consistent list"
         );
@@ -226,6 +244,7 @@ impl<T: Cached> WatchCore<T> {
         let Some(builder) = self.list.take() else {
             return;
         };
+        let known_rv = builder.floor().map(str::to_owned);
         let outcome: ListOutcome<T> = builder.finish(&mut self.store.write());
         for kind in &outcome.leftover_drift {
             self.observer.drift(self.resource(), *kind);
@@ -262,7 +281,11 @@ impl<T: Cached> WatchCore<T> {
             self.after_list(&list_rv, outcome.mode);
         } else {
             self.disputes = diff.disputes.into();
-            self.after_disputes = Some((list_rv, outcome.mode));
+            self.after_disputes = Some(DisputedList {
+                list_rv,
+                mode: outcome.mode,
+                known_rv,
+            });
         }
     }
 
@@ -332,13 +355,19 @@ impl<T: Cached> WatchCore<T> {
         }
         let after = self.after_disputes.take();
         if std::mem::take(&mut self.rewind_confirmed) {
-            let list_rv = after.as_ref().map(|(rv, _)| rv.clone()).unwrap_or_default();
-            self.start_rewind(&list_rv, "a live read of a disputed item");
+            let (list_rv, known_rv) = after
+                .map(|list| (list.list_rv, list.known_rv))
+                .unwrap_or_default();
+            self.start_rewind(
+                &list_rv,
+                known_rv.as_deref(),
+                "a live read of a disputed item",
+            );
             self.machine.request_relist(RestartReason::StoreRewound);
             self.observer
                 .restart(self.resource(), RestartReason::StoreRewound);
-        } else if let Some((list_rv, mode)) = after {
-            self.after_list(&list_rv, mode);
+        } else if let Some(list) = after {
+            self.after_list(&list.list_rv, list.mode);
         }
     }
 

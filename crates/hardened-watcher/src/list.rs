@@ -149,6 +149,12 @@ impl<T: Cached> ListDiffBuilder<T> {
         self.rewound
     }
 
+    /// The highest RV the store was known to have reached when the list
+    /// began: what a rewound store went back from.
+    pub fn floor(&self) -> Option<&str> {
+        self.floor.as_deref()
+    }
+
     /// Undecodable items listed so far.
     #[cfg(test)]
     pub fn undecodable(&self) -> usize {

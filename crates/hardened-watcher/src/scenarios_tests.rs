@@ -9,7 +9,7 @@ use super::cache::{Change, DeletionSource, Outcome, StaleReason, WatchEventKind:
 use super::core::Step;
 use super::machine::{Action, Phase, RestartReason};
 use super::object::LiveRead;
-use super::testkit::{Harness, apply_list, key, obj};
+use super::testkit::{Harness, Logged, apply_list, key, logged, obj};
 
 fn api_error(code: u16, reason: &str) -> kube::Error {
     kube::Error::Api(
@@ -21,6 +21,16 @@ fn api_error(code: u16, reason: &str) -> kube::Error {
 
 fn connect_error() -> kube::Error {
     kube::Error::Service("connection refused".into())
+}
+
+/// The one "the store was rewound" line among `events`.
+fn rewind_line(events: &[Logged]) -> &Logged {
+    let lines: Vec<&Logged> = events
+        .iter()
+        .filter(|e| e.message.starts_with("the store was rewound"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{events:?}");
+    lines[0]
 }
 
 /// 1. A DELETE (or any event) whose RV is older than the cached object's →
@@ -400,8 +410,12 @@ fn case9_plain_restore_rewinds_to_the_list() {
     let (reply, _answer) = tokio::sync::oneshot::channel();
     h.core.on_request(super::store::Request::Resync(reply));
     h.expect_list(None);
-    h.page(vec![obj("a", "ua", "100")], Some("c1"), "130");
+    let ((), events) = logged(|| h.page(vec![obj("a", "ua", "100")], Some("c1"), "130"));
     assert_eq!(h.count("store_rewind"), 1);
+    // The log line shows the evidence: the store went back from 5100 to 130.
+    let line = rewind_line(&events);
+    assert_eq!(line.fields["list_rv"], "130");
+    assert_eq!(line.fields["known_rv"], "5100");
     assert!(
         !h.store.is_synced(),
         "not ready while the cache starts over"
@@ -446,9 +460,14 @@ fn case9_bump_revision_restore_is_confirmed_by_a_live_read() {
         "disputed: not applied"
     );
     h.expect_read("a");
-    h.read(LiveRead::Found(obj("a", "ua", "100")));
+    let ((), events) = logged(|| h.read(LiveRead::Found(obj("a", "ua", "100"))));
     assert_eq!(h.count("store_rewind"), 1);
     assert_eq!(h.restarts(RestartReason::StoreRewound), 1);
+    // The list's RV is above anything known; the evidence is the object,
+    // and the log line shows what the store held before the list.
+    let line = rewind_line(&events);
+    assert_eq!(line.fields["list_rv"], "1000200");
+    assert_eq!(line.fields["known_rv"], "5000");
     h.expect_list(None);
     h.page(
         vec![obj("a", "ua", "100"), obj("b", "ub", "110")],
