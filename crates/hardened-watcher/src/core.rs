@@ -82,6 +82,10 @@ pub struct WatchCore<T: Cached> {
     /// When the input being applied arrived; handed to the sink with every
     /// change it causes.
     pub(super) arrived: Instant,
+    /// The first page of the list in progress asked for an exact RV.
+    pub(super) listing_exact: bool,
+    /// An exact first page failed: this resync lists consistently.
+    pub(super) exact_refused: bool,
 }
 
 impl<T: Cached> WatchCore<T> {
@@ -109,6 +113,8 @@ impl<T: Cached> WatchCore<T> {
             replay_until: None,
             report: ResyncReport::default(),
             arrived: Instant::now(),
+            listing_exact: false,
+            exact_refused: false,
         }
     }
 
@@ -139,6 +145,20 @@ impl<T: Cached> WatchCore<T> {
 
     /// The next step. Starting a list takes the cache's high-water mark now,
     /// before the request is sent.
+    ///
+    /// A resync's first page asks for exactly that mark
+    /// (`resourceVersionMatch=Exact`) rather than the latest state. Served
+    /// from the API server's watch cache it is the same list, at no extra
+    /// cost; but kube-apiserver (v1.34+, DetectCacheInconsistency) serves an
+    /// exact list from etcd once its own check found its watch cache
+    /// inconsistent (it drops the cache's snapshots), and whenever no
+    /// snapshot of the cache covers the RV. So a DELETE the watch cache lost,
+    /// which every consistent list keeps serving, is missing from such a
+    /// list: the diff makes the ghost a deletion candidate, and a live read
+    /// confirms it. The list is at the list's floor itself, so it can never
+    /// look like a rewound store. Where the server refuses it (an RV it
+    /// compacted; another API server behind it), the resync lists
+    /// consistently instead.
     pub fn next_step(&mut self) -> Step {
         if let Some(dispute) = self.disputes.front() {
             self.read_stamp = Some(self.store.read_stamp());
@@ -149,7 +169,29 @@ impl<T: Cached> WatchCore<T> {
         if self.machine.starts_list() && self.list.is_none() {
             self.list = Some(ListDiffBuilder::new(&self.store.read(), self.next_mode));
         }
-        Step::Act(self.machine.next_action())
+        let mut action = self.machine.next_action();
+        if let Action::List {
+            continue_token: None,
+            exact_rv,
+            ..
+        } = &mut action
+        {
+            *exact_rv = self.exact_resync_rv();
+            self.listing_exact = exact_rv.is_some();
+        }
+        Step::Act(action)
+    }
+
+    /// The RV a resync's first page asks for exactly: its floor, where that
+    /// is a decimal RV and the server has not refused it this resync.
+    fn exact_resync_rv(&self) -> Option<String> {
+        let list = self.list.as_ref()?;
+        if list.mode() != ListMode::Resync || self.exact_refused {
+            return None;
+        }
+        let floor = list.floor()?;
+        let decimal = !floor.is_empty() && floor.bytes().all(|b| b.is_ascii_digit());
+        decimal.then(|| floor.to_owned())
     }
 
     /// The pause asked by [`Action::Backoff`] is over.
@@ -171,6 +213,10 @@ impl<T: Cached> WatchCore<T> {
             }
             Err(err) => {
                 self.abort_list();
+                if std::mem::take(&mut self.listing_exact) {
+                    self.exact_refused = true;
+                    warn!(error = %err, "a resync list at an exact resourceVersion failed; this resync lists the latest state instead");
+                }
                 let reason = self.machine.on_list_error(ApiErrorKind::classify(&err));
                 warn!(error = %err, reason = reason.metric_label(), "list failed");
                 self.observer.restart(self.resource(), reason);
@@ -382,6 +428,7 @@ impl<T: Cached> WatchCore<T> {
                     // The list in progress answers it.
                     return false;
                 }
+                self.exact_refused = false;
                 if self.next_mode == ListMode::Recover {
                     self.next_mode = ListMode::Resync;
                 }

@@ -194,12 +194,22 @@ impl Harness {
     }
 
     pub fn expect_list(&mut self, token: Option<&str>) {
+        self.expect_list_at(token, None);
+    }
+
+    /// A resync's first page, exactly at `rv` (the store's high-water mark).
+    pub fn expect_resync_list(&mut self, rv: &str) {
+        self.expect_list_at(None, Some(rv));
+    }
+
+    fn expect_list_at(&mut self, token: Option<&str>, exact_rv: Option<&str>) {
         let step = self.step();
         assert_eq!(
             step,
             Step::Act(Action::List {
                 continue_token: token.map(str::to_owned),
-                limit: 500
+                limit: 500,
+                exact_rv: exact_rv.map(str::to_owned),
             }),
             "phase: {:?}",
             self.core.machine().phase()
