@@ -151,7 +151,7 @@ chart-readme: toolchain
 # make test runs the short form (one fault row per controller).
 .PHONY: e2e-node
 FORM ?= full
-e2e-node: controlplane
+e2e-node: controlplane conformance-build
 	bash hack/e2e-node.sh $(FORM)
 
 # kind e2e (needs Docker, kind, kubectl): cluster without the upstream endpoints

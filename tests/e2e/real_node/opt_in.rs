@@ -85,7 +85,8 @@ pub(super) fn verdict(rows: &[Row], form: Form) -> Result<()> {
     Ok(())
 }
 
-pub(super) async fn rows(run: &mut Run<'_>, mut writer: Writer) -> Result<()> {
+/// The rows; returns the writers, kube-controller-manager's still running.
+pub(super) async fn rows(run: &mut Run<'_>, mut writer: Writer) -> Result<Writer> {
     run.install_chart_with(&["scope=opt-in"]).await?;
     run.deploy_workload().await?;
     let services: Api<Service> = Api::namespaced(run.client.clone(), TEST_NS);
@@ -133,7 +134,7 @@ pub(super) async fn rows(run: &mut Run<'_>, mut writer: Writer) -> Result<()> {
     )
     .context("helm uninstall once no Service is opted in")?;
     eprintln!("e2e_node: opt-in: uninstalled once nothing was opted in");
-    Ok(())
+    Ok(writer)
 }
 
 /// One row: traffic to both Services while `name` happens, a verdict for

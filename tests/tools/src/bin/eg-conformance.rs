@@ -485,6 +485,7 @@ async fn run_real_column(
     let options = NodeOptions {
         controllers: column.kcm_controllers().to_string(),
         cluster_dns: true,
+        ..NodeOptions::default()
     };
     let mut node = RealNode::start_with(work.path(), images, options).await?;
     node.copy_logs_on_stop(dir.join("logs"));

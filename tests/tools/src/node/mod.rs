@@ -27,7 +27,7 @@ use kube::Api;
 
 use eg_harness::binaries::program;
 use eg_harness::process::Process;
-use eg_harness::{ControlPlane, ControlPlaneOptions};
+use eg_harness::{ControlPlane, ControlPlaneOptions, SecondApiserver};
 use host::{HostSnapshot, run};
 
 /// The node's address: the bridge's gateway address, where kube-apiserver
@@ -175,14 +175,28 @@ pub struct NodeOptions {
     /// Serve Service names to pods ([`dns`]) on the node's address, the
     /// kubelet's `clusterDNS`; without it pods resolve nothing.
     pub cluster_dns: bool,
+    /// Two kube-apiservers on the one etcd, as production runs several: the
+    /// first, the `kubernetes` Service's (the pods', the controllers'),
+    /// behind etcd-fault-proxy, so its watch cache can lose an object's
+    /// events ([`ControlPlane::etcd_drop_events`]); the second straight to
+    /// etcd, for the kubelet, kube-proxy, kube-scheduler and the node's
+    /// kube-controller-manager, which then still stop a pod whose DELETE
+    /// the first lost, and for the test's view of what is true
+    /// ([`RealNode::truth`]).
+    pub two_api_servers: bool,
+    /// kube-apiserver's `--etcd-compaction-interval` (`None`: its default).
+    pub compaction_interval: Option<Duration>,
 }
 
 impl Default for NodeOptions {
-    /// Every controller but the two endpoint controllers, no DNS.
+    /// Every controller but the two endpoint controllers, no DNS, one API
+    /// server, the default compaction.
     fn default() -> Self {
         Self {
             controllers: "*,-endpoints-controller,-endpointslice-controller".to_string(),
             cluster_dns: false,
+            two_api_servers: false,
+            compaction_interval: None,
         }
     }
 }
@@ -191,6 +205,8 @@ impl Default for NodeOptions {
 /// host comparison found; dropping it without `stop` still cleans up.
 pub struct RealNode {
     pub cp: ControlPlane,
+    /// The second API server ([`NodeOptions::two_api_servers`]).
+    second: Option<SecondApiserver>,
     dir: PathBuf,
     before: HostSnapshot,
     kcm: Option<Process>,
@@ -273,11 +289,17 @@ impl RealNode {
                     let problems = restore_host(dir, &before);
                     bail!("setting up the bridge: {err:#} (clean-up: {problems:?})");
                 }
-                let options = ControlPlaneOptions {
+                let mut cp_options = ControlPlaneOptions {
                     bind_address: IpAddr::V4(NODE_IP),
                     ..ControlPlaneOptions::default()
                 };
-                match ControlPlane::start(options).await {
+                if options.two_api_servers {
+                    cp_options = cp_options.with_etcd_fault_proxy();
+                }
+                if let Some(interval) = options.compaction_interval {
+                    cp_options = cp_options.etcd_compaction_interval(interval);
+                }
+                match ControlPlane::start(cp_options).await {
                     Ok(cp) => cp,
                     Err(err) => {
                         let problems = restore_host(dir, &before);
@@ -287,6 +309,7 @@ impl RealNode {
                     }
                 }
             },
+            second: None,
             dir: dir.to_path_buf(),
             before,
             kcm: None,
@@ -306,7 +329,15 @@ impl RealNode {
 
     async fn start_programs(&mut self, images: &NodeImages) -> Result<()> {
         let pki = self.cp.pki().clone();
-        let kubeconfig = self.cp.kubeconfig_path().display().to_string();
+        if self.options.two_api_servers {
+            self.second = Some(self.cp.start_second_apiserver().await?);
+        }
+        // The node's own programs talk to the second API server where there
+        // is one.
+        let kubeconfig = match &self.second {
+            Some(second) => second.kubeconfig.display().to_string(),
+            None => self.cp.kubeconfig_path().display().to_string(),
+        };
         let logs = self.cp.log_dir().to_path_buf();
         self.kcm = Some(self.cp.start_controller_manager(
             &self.options.controllers,
@@ -317,6 +348,8 @@ impl RealNode {
                 ),
                 &format!("--root-ca-file={}", pki.ca_cert.display()),
                 "--node-monitor-grace-period=20s",
+                // After the harness's own: the last one given counts.
+                &format!("--kubeconfig={kubeconfig}"),
             ],
         )?);
         self.scheduler = Some(Process::spawn(
@@ -371,7 +404,7 @@ impl RealNode {
         // host's is reachable from the bridge.
         std::fs::write(&resolv, "")?;
         if self.options.cluster_dns {
-            self.dns = Some(dns::serve((IpAddr::V4(NODE_IP), 53).into(), self.cp.client()).await?);
+            self.dns = Some(dns::serve((IpAddr::V4(NODE_IP), 53).into(), self.truth()).await?);
         }
         let config = self.dir.join("kubelet.yaml");
         std::fs::write(
@@ -415,7 +448,7 @@ impl RealNode {
             &logs.join("kube-proxy.log"),
         )?);
 
-        let nodes: Api<Node> = Api::all(self.cp.client());
+        let nodes: Api<Node> = Api::all(self.truth());
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
             for process in [
@@ -467,6 +500,23 @@ impl RealNode {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         Ok(())
+    }
+
+    /// A client of what is true: the second API server where there is one
+    /// (its watch cache loses nothing), else the only one.
+    pub fn truth(&self) -> kube::Client {
+        match &self.second {
+            Some(second) => second.client.clone(),
+            None => self.cp.client(),
+        }
+    }
+
+    /// The admin's kubeconfig for [`RealNode::truth`]'s API server.
+    pub fn truth_kubeconfig(&self) -> PathBuf {
+        match &self.second {
+            Some(second) => second.kubeconfig.clone(),
+            None => self.cp.kubeconfig_path().to_path_buf(),
+        }
     }
 
     /// `ctr` against this node's containerd, namespace `k8s.io`.
@@ -584,6 +634,8 @@ impl RealNode {
         {
             let _ = process.stop().await;
         }
+        // Nothing talks to it any more.
+        drop(self.second.take());
         self.kubelet_root_mounted = false;
         if let Some(to) = self.logs_to.take() {
             let from = format!("{}/.", self.cp.log_dir().display());
