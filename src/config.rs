@@ -196,7 +196,7 @@ pub struct Config {
     /// (v1.34+) serves from etcd once its own check (every 5 to 7.5 minutes)
     /// found its watch cache inconsistent: an object that cache kept after
     /// etcd deleted it is found within this long of that check.
-    #[arg(long, env = "EG_RESYNC_INTERVAL", default_value = "2m", value_parser = parse_duration)]
+    #[arg(long, env = "EG_RESYNC_INTERVAL", default_value = "90s", value_parser = parse_duration)]
     pub resync_interval: Duration,
 
     /// How long to keep trying to reach the API server at start-up before giving up.
@@ -590,7 +590,7 @@ mod tests {
         let cfg = Config::try_parse_from(["endpoints-guard"]).expect("defaults parse");
         assert_eq!(cfg.workers, 5);
         assert_eq!(cfg.mode, Mode::Enforce);
-        assert_eq!(cfg.resync_interval, Duration::from_secs(120));
+        assert_eq!(cfg.resync_interval, Duration::from_secs(90));
         assert_eq!(cfg.ghost_scan_qps, 5.0);
         assert_eq!(cfg.controllers, Controller::ALL);
         assert_eq!(cfg.max_endpoints_per_slice, 100);

@@ -97,7 +97,7 @@ pub async fn watch_cache_lost_pod_delete(env: &mut Env) -> Result<(Instant, Expe
 pub async fn lost_in_one_of_two_watch_caches(env: &mut Env) -> Result<(Instant, Expected)> {
     env.second = Some(env.cp.start_second_apiserver().await?);
     env.guard_args
-        .extend(["--ghost-scan-qps=0", "--resync-interval=2m"]);
+        .extend(["--ghost-scan-qps=0", "--resync-interval=90s"]);
     let (fault, expected) = watch_cache_lost_pod_delete(env).await?;
     // The ghost is the first API server's alone.
     let listed = |client: kube::Client| async move {

@@ -30,7 +30,7 @@ pub(super) const ROW: &str = "lost pod DELETE in the watch cache, at scale";
 /// The fake nodes' Services and pods.
 const SCALE_NS: &str = "eg-scale";
 /// kube-apiserver's check every 5 to 7.5 minutes, then the resync at its
-/// default 2 minutes: 9.5 minutes, and the reads and writes after. The
+/// default 90 s: 9 minutes, and the reads and writes after. The
 /// short form's API server compacts every minute, which drops its cache's
 /// snapshots sooner (docs/ghosts.md): about two minutes.
 fn bound(form: Form) -> Duration {
@@ -116,7 +116,7 @@ pub(super) async fn rows(run: &mut Run<'_>, mut kcm: Process) -> Result<()> {
         "scope=all",
         "chaos.enabled=false",
         "ghostScanPeriod=30m",
-        "resyncInterval=2m",
+        "resyncInterval=90s",
     ])
     .await?;
     let row = ghost_row(run, GUARD, &watch, target, scale).await?;
