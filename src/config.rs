@@ -630,7 +630,10 @@ mod tests {
         let upstream =
             Config::try_parse_from(["endpoints-guard", "--scope=opt-in", "--managed-by=upstream"])
                 .expect("parse");
-        assert!(upstream.validate().is_err(), "upstream's labels in opt-in scope");
+        assert!(
+            upstream.validate().is_err(),
+            "upstream's labels in opt-in scope"
+        );
         let one = Config::try_parse_from([
             "endpoints-guard",
             "--scope=opt-in",

@@ -13,8 +13,8 @@ use super::capacity::{
 };
 use super::equality::subsets_equal_ignoring_resource_version;
 use super::repack::{AppProtocolIdentity, repack_may_equal, repack_subsets};
-use super::trigger::set_trigger_time_annotation;
 use super::scope::LABEL_SKIP_MIRROR;
+use super::trigger::set_trigger_time_annotation;
 use super::{ComputedSubsets, LABEL_MANAGED_BY};
 
 /// Label upstream puts on the Endpoints of a Service without a cluster IP.

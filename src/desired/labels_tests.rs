@@ -122,7 +122,11 @@ fn label_check_rules() {
     // Upstream's count check: a Service carrying the headless key never matches.
     let odd_service = string_map(&[(LABEL_HEADLESS, "")]);
     let current = string_map(&[(LABEL_HEADLESS, ""), (LABEL_MANAGED_BY, MANAGER)]);
-    assert!(!labels_correct(Some(&current), Some(&odd_service), marks(MANAGER)));
+    assert!(!labels_correct(
+        Some(&current),
+        Some(&odd_service),
+        marks(MANAGER)
+    ));
 }
 
 #[test]
@@ -345,7 +349,12 @@ fn nil_and_empty_subsets_are_equal() {
     let computed = ComputedSubsets::default();
     let mut current = stored(&svc, &computed);
     current.subsets = None;
-    assert!(!needs_write(&svc, &computed, Some(&current), marks(MANAGER)));
+    assert!(!needs_write(
+        &svc,
+        &computed,
+        Some(&current),
+        marks(MANAGER)
+    ));
 }
 
 #[test]
@@ -427,7 +436,10 @@ fn skip_mirror_mark() {
     };
     for service_labels in [
         vec![("app", "web")],
-        vec![("app", "web"), (crate::desired::scope::LABEL_SKIP_MIRROR, "true")],
+        vec![
+            ("app", "web"),
+            (crate::desired::scope::LABEL_SKIP_MIRROR, "true"),
+        ],
     ] {
         let svc = labelled_service(&service_labels);
         let labels = endpoints_labels(&svc, opt_in);
@@ -443,10 +455,21 @@ fn skip_mirror_mark() {
         );
         let mut unmarked = labels.clone();
         unmarked.remove(crate::desired::scope::LABEL_SKIP_MIRROR);
-        assert!(!labels_correct(Some(&unmarked), svc.metadata.labels.as_ref(), opt_in));
+        assert!(!labels_correct(
+            Some(&unmarked),
+            svc.metadata.labels.as_ref(),
+            opt_in
+        ));
         let mut wrong = labels.clone();
-        wrong.insert(crate::desired::scope::LABEL_SKIP_MIRROR.into(), "false".into());
-        assert!(!labels_correct(Some(&wrong), svc.metadata.labels.as_ref(), opt_in));
+        wrong.insert(
+            crate::desired::scope::LABEL_SKIP_MIRROR.into(),
+            "false".into(),
+        );
+        assert!(!labels_correct(
+            Some(&wrong),
+            svc.metadata.labels.as_ref(),
+            opt_in
+        ));
         let service_marks_itself = service_labels.len() == 2;
         assert_eq!(
             labels_correct(Some(&labels), svc.metadata.labels.as_ref(), marks(MANAGER)),

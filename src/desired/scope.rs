@@ -162,7 +162,9 @@ impl Invalid {
         match self {
             Invalid::LabelValue => format!("label {LABEL_OPT_IN} must be \"true\" or \"false\""),
             Invalid::SelectorMissing => {
-                format!("opted in without annotation {ANNOTATION_SELECTOR} (a JSON object, e.g. {{\"app\":\"web\"}})")
+                format!(
+                    "opted in without annotation {ANNOTATION_SELECTOR} (a JSON object, e.g. {{\"app\":\"web\"}})"
+                )
             }
             Invalid::SelectorMalformed => format!(
                 "annotation {ANNOTATION_SELECTOR} is not a JSON object of valid label keys and values"

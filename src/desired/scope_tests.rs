@@ -29,7 +29,11 @@ fn app(value: &str) -> BTreeMap<String, String> {
 fn the_selector_annotation_is_a_json_object_of_label_keys_and_values() {
     assert_eq!(parse_selector(r#"{"app":"web"}"#), Ok(app("web")));
     let two = parse_selector(r#"{"app.kubernetes.io/name":"web","tier":""}"#);
-    assert_eq!(two.map(|s| s.len()), Ok(2), "prefixed keys and empty values");
+    assert_eq!(
+        two.map(|s| s.len()),
+        Ok(2),
+        "prefixed keys and empty values"
+    );
     for malformed in [
         "app=web",
         r#"["app","web"]"#,
@@ -68,7 +72,10 @@ fn the_label_says_in_or_out_and_anything_else_freezes() {
             json!({}),
         )
     };
-    assert_eq!(OptIn::of(&service(json!({}), json!({}), json!({}))), OptIn::No);
+    assert_eq!(
+        OptIn::of(&service(json!({}), json!({}), json!({}))),
+        OptIn::No
+    );
     assert_eq!(OptIn::of(&labelled("false")), OptIn::No);
     assert_eq!(
         OptIn::of(&labelled("true")),
@@ -106,10 +113,7 @@ fn an_opted_in_service_without_a_usable_selector_is_invalid() {
         json!({ANNOTATION_SELECTOR: r#"{"app":"web"}"#}),
         json!({"type": "ExternalName", "externalName": "example.invalid"}),
     );
-    assert_eq!(
-        OptIn::of(&external),
-        OptIn::Invalid(Invalid::ExternalName)
-    );
+    assert_eq!(OptIn::of(&external), OptIn::Invalid(Invalid::ExternalName));
 }
 
 #[test]
@@ -188,10 +192,7 @@ fn all_scope_handles_every_service_with_a_selector_and_nothing_else() {
 fn opt_in_scope_never_handles_a_service_that_did_not_opt_in() {
     let plain = service(json!({}), json!({}), json!({"selector": {"app": "web"}}));
     let opt_in = OptIn::of(&plain);
-    assert_eq!(
-        handling(Scope::OptIn, &plain, &opt_in),
-        Handling::OptedOut
-    );
+    assert_eq!(handling(Scope::OptIn, &plain, &opt_in), Handling::OptedOut);
     let invalid = opted_in("{}");
     let opt_in = OptIn::of(&invalid);
     assert_eq!(

@@ -103,7 +103,10 @@ pub enum Decision<'a> {
     /// Read the Service live, then decide again with what it says.
     ReadService(Read),
     /// Remove the objects that `managers` takes as ours.
-    Remove { why: Removal, managers: Managers },
+    Remove {
+        why: Removal,
+        managers: Managers,
+    },
     /// Come back after this long (an opt-out waiting for upstream).
     Wait(Duration),
     /// Reconcile the content.

@@ -98,7 +98,14 @@ fn no_removal_without_a_live_read() {
     let cached = [opted_in(false), plain(), selectorless()];
     for scope in [Scope::All, Scope::OptIn] {
         for controller in BOTH {
-            for existing in [OWN, UPSTREAM, Existing { own: true, upstream: true }] {
+            for existing in [
+                OWN,
+                UPSTREAM,
+                Existing {
+                    own: true,
+                    upstream: true,
+                },
+            ] {
                 for service in [None].into_iter().chain(cached.iter().map(Some)) {
                     let o = Observed {
                         covered: true,
@@ -197,7 +204,10 @@ fn an_opt_out_waits_for_upstream_to_cover_or_for_the_grace() {
             opted_out_for: Duration::from_secs(60),
             ..live(o)
         };
-        assert_eq!(decide(&waited), Decision::Wait(GRACE - Duration::from_secs(60)));
+        assert_eq!(
+            decide(&waited),
+            Decision::Wait(GRACE - Duration::from_secs(60))
+        );
         let covered = Observed {
             covered: true,
             ..waited
@@ -263,11 +273,20 @@ fn with_its_selector_an_opted_in_service_shares_with_upstream() {
     for existing in [NOTHING, OWN, UPSTREAM] {
         let o = observed(Scope::OptIn, Controller::Endpoints, Some(&svc), existing);
         assert_eq!(decide(&o), Decision::Idle(Idle::LeftToUpstream));
-        let o = observed(Scope::OptIn, Controller::Endpointslices, Some(&svc), existing);
+        let o = observed(
+            Scope::OptIn,
+            Controller::Endpointslices,
+            Some(&svc),
+            existing,
+        );
         let Decision::Reconcile(managed) = decide(&o) else {
             panic!("slices are reconciled: {:?}", decide(&o));
         };
-        assert_eq!(managed.managers, Managers::OWN, "upstream's slices stay upstream's");
+        assert_eq!(
+            managed.managers,
+            Managers::OWN,
+            "upstream's slices stay upstream's"
+        );
     }
 }
 
@@ -276,7 +295,12 @@ fn with_its_selector_an_opted_in_service_shares_with_upstream() {
 #[test]
 fn without_its_selector_an_opted_in_service_is_taken_over_after_a_read() {
     let svc = opted_in(false);
-    let o = observed(Scope::OptIn, Controller::Endpointslices, Some(&svc), UPSTREAM);
+    let o = observed(
+        Scope::OptIn,
+        Controller::Endpointslices,
+        Some(&svc),
+        UPSTREAM,
+    );
     assert_eq!(decide(&o), Decision::ReadService(Read::Takeover));
     let Decision::Reconcile(managed) = decide(&live(o)) else {
         panic!("reconciled after the read");

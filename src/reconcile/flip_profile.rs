@@ -130,8 +130,7 @@ fn expected_write(ctx: &Context, key: &ObjectKey, rv: u64) -> Value {
     let current = ctx.stores.endpoints.get(key).map(|ep| ep.decode());
     let current = current.transpose().unwrap_or_else(|err| panic!("{err}"));
     let computed = desired::compute_subsets(service, &refs);
-    let wanted =
-        desired::build_endpoints(
+    let wanted = desired::build_endpoints(
         service,
         computed,
         current.as_ref(),

@@ -34,7 +34,10 @@ fn metric(ctx: &Context, series: &str) -> f64 {
 /// Service `web` cached, then deleted by a watch event: a tombstone.
 fn tombstoned_web(ctx: &Context) {
     let services = &ctx.stores.services;
-    services.apply_watch_event(WatchEventKind::Added, CachedService::new(service(NS, "web", "web")));
+    services.apply_watch_event(
+        WatchEventKind::Added,
+        CachedService::new(service(NS, "web", "web")),
+    );
     let mut deleted = service(NS, "web", "web");
     deleted.metadata.resource_version = Some("2".into());
     services.apply_watch_event(WatchEventKind::Deleted, CachedService::new(deleted));

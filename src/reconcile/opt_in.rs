@@ -26,9 +26,9 @@ pub struct OptOutClock {
 impl OptOutClock {
     /// How long the opt-out of `key` has waited (zero if it has not started).
     pub fn waited(&self, key: &ObjectKey, now: Instant) -> Duration {
-        lock(&self.since)
-            .get(key)
-            .map_or(Duration::ZERO, |since| now.saturating_duration_since(*since))
+        lock(&self.since).get(key).map_or(Duration::ZERO, |since| {
+            now.saturating_duration_since(*since)
+        })
     }
 
     /// Starts the wait of `key`, unless it has started.
@@ -127,8 +127,14 @@ mod tests {
         assert_eq!(clock.waited(&key, t0), Duration::ZERO);
         clock.start(&key, t0);
         clock.start(&key, t0 + Duration::from_secs(5));
-        assert_eq!(clock.waited(&key, t0 + Duration::from_secs(7)), Duration::from_secs(7));
+        assert_eq!(
+            clock.waited(&key, t0 + Duration::from_secs(7)),
+            Duration::from_secs(7)
+        );
         clock.forget(&key);
-        assert_eq!(clock.waited(&key, t0 + Duration::from_secs(9)), Duration::ZERO);
+        assert_eq!(
+            clock.waited(&key, t0 + Duration::from_secs(9)),
+            Duration::ZERO
+        );
     }
 }

@@ -74,8 +74,8 @@ pub fn observe(
 
 #[cfg(test)]
 mod tests {
-    use hardened_watcher::{ObjectKey, WatchEventKind};
     use crate::reconcile::kinds::CachedService;
+    use hardened_watcher::{ObjectKey, WatchEventKind};
     use serde_json::json;
 
     use super::UnmanagedOrphans;

@@ -26,12 +26,12 @@ use super::latency::WriteTimer;
 use super::sync::{self, Verb};
 use super::{Context, kinds};
 use crate::config::{Controller, Mode};
+use crate::desired::PodInfo;
+use crate::desired::scope::{Handling, Managed, Managers};
 use crate::desired::slices::{
     self, DesiredSlices, HintMode, NodeInfo, PlanOptions, SlicePlan, UPSTREAM_SLICE_MANAGER,
     ZoneCapacity,
 };
-use crate::desired::PodInfo;
-use crate::desired::scope::{Handling, Managed, Managers};
 use crate::error::{Error, Result, api_code};
 use hardened_watcher::{Cached, ObjectKey, ReadStamp, live};
 
@@ -48,9 +48,7 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey, timer: &WriteTimer) -> Re
             own: found.iter().any(|s| s.is_ours(Managers::OWN)),
             upstream: found.iter().any(|s| !s.is_ours(Managers::OWN)),
         };
-        let service = live
-            .clone()
-            .unwrap_or_else(|| ctx.stores.services.get(key));
+        let service = live.clone().unwrap_or_else(|| ctx.stores.services.get(key));
         let opted_out = service
             .as_deref()
             .is_some_and(|svc| svc.handling(ctx.scope) == Handling::OptedOut);

@@ -124,20 +124,20 @@ pub(super) async fn follow_up(
         Decision::Frozen(why) => Some(*why),
         _ => None,
     };
-    if ctx.frozen.record(key, frozen, &ctx.metrics.opt_in_frozen) {
-        if let Some(why) = frozen {
-            warn!(%key, reason = why.metric_label(), "opted in, but {}: what is published stays as it is", why.explain());
-            guard::warn_event(
-                ctx,
-                key,
-                "OptInInvalid",
-                &format!(
-                    "Opted in, but {}: endpoints-guard leaves what is published as it is until this is fixed",
-                    why.explain()
-                ),
-            )
-            .await;
-        }
+    if ctx.frozen.record(key, frozen, &ctx.metrics.opt_in_frozen)
+        && let Some(why) = frozen
+    {
+        warn!(%key, reason = why.metric_label(), "opted in, but {}: what is published stays as it is", why.explain());
+        guard::warn_event(
+            ctx,
+            key,
+            "OptInInvalid",
+            &format!(
+                "Opted in, but {}: endpoints-guard leaves what is published as it is until this is fixed",
+                why.explain()
+            ),
+        )
+        .await;
     }
     let clock = &ctx.work(controller).opt_outs;
     match decision {

@@ -2,9 +2,9 @@
 //! and writes, in order, for a gone Service, a 404 that is not a NotFound, a
 //! conflict, a terminating namespace, a refused write and a timeout.
 
+use super::kinds::CachedService;
 use hardened_watcher::testing::{Reply, ScriptedApi};
 use hardened_watcher::{ObjectKey, WatchEventKind};
-use super::kinds::CachedService;
 use serde_json::json;
 
 use super::kinds::CachedEndpoints;
@@ -42,9 +42,10 @@ fn cache_endpoints(ctx: &Context, addresses: &[(&str, &str)]) {
 
 /// Service `web` selecting pod web-0 (10.0.0.1), both cached.
 fn cache_service_and_pod(ctx: &Context) {
-    ctx.stores
-        .services
-        .apply_watch_event(WatchEventKind::Added, CachedService::new(service(NS, "web", "web")));
+    ctx.stores.services.apply_watch_event(
+        WatchEventKind::Added,
+        CachedService::new(service(NS, "web", "web")),
+    );
     ctx.stores.pods.apply_watch_event(
         WatchEventKind::Added,
         pod(NS, "web-0", "web", "10.0.0.1", "3"),

@@ -33,11 +33,11 @@ use std::time::{Duration, Instant};
 use eg_harness::{ControlPlane, ControlPlaneOptions};
 use eg_tools::slice_workload::{SliceSize, SliceWorkload, Snapshot, list_namespaced};
 use eg_tools::workload::write_parity_report;
+use endpoints_guard::desired::scope::spec_selector;
 use endpoints_guard::desired::slices::{
     DEFAULT_MAX_ENDPOINTS_PER_SLICE, DesiredSlices, HintMode, LABEL_SERVICE_NAME, NodeInfo,
     PlanOptions, ZoneCapacity, desired_slices, plan_slices, slice_service_name,
 };
-use endpoints_guard::desired::scope::spec_selector;
 use endpoints_guard::desired::{ManagedBy, PodInfo, selector_matches};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 use serde_json::{Value, json};

@@ -17,9 +17,7 @@ use super::{
 use crate::desired::ip::{GoIp, IpFamily, family_of_text};
 use crate::desired::labels::has_cluster_ip;
 use crate::desired::spew::slice_port_digest;
-use crate::desired::{
-    LABEL_HEADLESS, PodInfo, pod_reference, ports, should_set_hostname,
-};
+use crate::desired::{LABEL_HEADLESS, PodInfo, pod_reference, ports, should_set_hostname};
 
 /// Labels a slice gets from its controller, never from the Service.
 const RESERVED_LABELS: [&str; 3] = [LABEL_SERVICE_NAME, LABEL_SLICE_MANAGED_BY, LABEL_HEADLESS];

@@ -3,7 +3,6 @@
 //! own expectations (reconciler_test.go, utils_test.go of k8s.io/endpointslice
 //! v0.36.3) where they exist.
 
-
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions};
 
@@ -315,8 +314,7 @@ fn zone_comes_only_from_a_non_empty_node_label() {
     }
     let pods: Vec<PodInfo> = pods(3).iter().map(PodFields::pack).collect();
     let refs: Vec<&PodInfo> = pods.iter().collect();
-    let desired =
-        desired_slices(&web_service(), &refs, &lookup, OURS);
+    let desired = desired_slices(&web_service(), &refs, &lookup, OURS);
     let zones: Vec<Option<String>> = only_group(&desired)
         .endpoints
         .iter()

@@ -160,7 +160,11 @@ pub fn on_endpoints(
                 .confirm_deleted(&key, ep.uid(), Confirmation::Released);
             let service = ctx.stores.services.get(&key);
             let ours = ctx.scope.managers().endpoints(ep.managed_by());
-            if ours && service.as_deref().is_some_and(|svc| writes_endpoints(ctx, svc)) {
+            if ours
+                && service
+                    .as_deref()
+                    .is_some_and(|svc| writes_endpoints(ctx, svc))
+            {
                 ctx.endpoints.restores.note(key.clone());
             }
             ctx.enqueue_for(Controller::Endpoints, key.clone(), received);

@@ -160,7 +160,8 @@ pub fn on_slice(ctx: &Context, change: &Change<CachedSlice>, received: Option<In
     let concerned = |slice: &CachedSlice| {
         let key = slice.service_key()?;
         let ours = slice.is_ours(managers)
-            || (slice.is_ours(Managers::OWN_AND_UPSTREAM) && !slices_of(ctx, &key, managers).is_empty());
+            || (slice.is_ours(Managers::OWN_AND_UPSTREAM)
+                && !slices_of(ctx, &key, managers).is_empty());
         ours.then_some(key)
     };
     match change {

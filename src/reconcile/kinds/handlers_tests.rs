@@ -69,9 +69,10 @@ async fn relabelled_pod_queues_old_and_new_services_of_its_namespace_only() {
 #[tokio::test]
 async fn pod_change_that_endpoints_do_not_depend_on_queues_nothing() {
     let ctx = context();
-    ctx.stores
-        .services
-        .apply_watch_event(WatchEventKind::Added, CachedService::new(service("ns", "a", "a")));
+    ctx.stores.services.apply_watch_event(
+        WatchEventKind::Added,
+        CachedService::new(service("ns", "a", "a")),
+    );
     // Only the resourceVersion moved (say, an annotation was added).
     let change = Change::Updated {
         old: Arc::new(pod("ns", "a", "1")),

@@ -190,7 +190,9 @@ async fn converge(run: &mut Run<'_>, writer: &mut Writer, pair: &Pair, row: &str
         .await
         .is_err()
     {
-        eprintln!("e2e_node: {SCOPE}: kube-controller-manager did not recover {PLAIN} from {row}: restarting it");
+        eprintln!(
+            "e2e_node: {SCOPE}: kube-controller-manager did not recover {PLAIN} from {row}: restarting it"
+        );
         restart_upstream(run, writer).await?;
         wait_published_exactly(&pair.plain, 3, Duration::from_secs(60)).await?;
     }
@@ -206,7 +208,12 @@ async fn restart_upstream(run: &mut Run<'_>, writer: &mut Writer) -> Result<()> 
     Ok(())
 }
 
-async fn scenario(run: &mut Run<'_>, name: &str, writer: &mut Writer, pair: &Pair) -> Result<String> {
+async fn scenario(
+    run: &mut Run<'_>,
+    name: &str,
+    writer: &mut Writer,
+    pair: &Pair,
+) -> Result<String> {
     let services: Api<Service> = Api::namespaced(run.client.clone(), TEST_NS);
     let deployments: Api<Deployment> = Api::namespaced(run.client.clone(), TEST_NS);
     match name {
@@ -253,7 +260,8 @@ async fn scenario(run: &mut Run<'_>, name: &str, writer: &mut Writer, pair: &Pai
                 || publishes_every_pod(&pair.web, UPSTREAM_SLICES),
             )
             .await?;
-            let patch = json!({"metadata": {"labels": {LABEL_OPT_IN: null, LABEL_SKIP_MIRROR: null}}});
+            let patch =
+                json!({"metadata": {"labels": {LABEL_OPT_IN: null, LABEL_SKIP_MIRROR: null}}});
             services
                 .patch(SERVICE, &PatchParams::default(), &Patch::Merge(&patch))
                 .await?;
@@ -319,9 +327,14 @@ async fn scenario(run: &mut Run<'_>, name: &str, writer: &mut Writer, pair: &Pai
                 "web's Endpoints deleted by kube-controller-manager and restored",
                 Duration::from_secs(30),
                 || async {
-                    endpoints.get_opt(SERVICE).await.ok().flatten().is_some_and(|ep| {
-                        ep.metadata.uid != before && managed_by(&ep) == Some(OUR_MANAGER)
-                    })
+                    endpoints
+                        .get_opt(SERVICE)
+                        .await
+                        .ok()
+                        .flatten()
+                        .is_some_and(|ep| {
+                            ep.metadata.uid != before && managed_by(&ep) == Some(OUR_MANAGER)
+                        })
                 },
             )
             .await?;
@@ -330,21 +343,20 @@ async fn scenario(run: &mut Run<'_>, name: &str, writer: &mut Writer, pair: &Pai
                 "web's slices changed: {slices_before:?} → {:?}",
                 slice_uids(&pair.web)
             );
-            Ok("kube-controller-manager deleted web's Endpoints; restored, slices untouched".to_string())
+            Ok(
+                "kube-controller-manager deleted web's Endpoints; restored, slices untouched"
+                    .to_string(),
+            )
         }
         "leader pod deleted" => {
             let leases: Api<Lease> = Api::namespaced(run.client.clone(), SYSTEM_NS);
             let leader = lease_holder(&leases).await?;
             let eg_pods: Api<Pod> = Api::namespaced(run.client.clone(), SYSTEM_NS);
             eg_pods.delete(&leader, &DeleteParams::default()).await?;
-            wait_until_async(
-                "the Lease to move",
-                Duration::from_secs(60),
-                || async {
-                    let holder = lease_holder(&leases).await.unwrap_or_default();
-                    !holder.is_empty() && holder != leader
-                },
-            )
+            wait_until_async("the Lease to move", Duration::from_secs(60), || async {
+                let holder = lease_holder(&leases).await.unwrap_or_default();
+                !holder.is_empty() && holder != leader
+            })
             .await?;
             churn(&deployments, pair).await?;
             Ok(format!("{leader} deleted; then 3 → 4 → 3 replicas"))
@@ -480,7 +492,10 @@ async fn nothing_written_by_upstream_since(client: &Client, since: Timestamp) ->
         .flatten()
         .map(|f| (format!("Endpoints {SERVICE}"), f))
         .chain(listed.items.iter().flat_map(|s| {
-            let name = format!("EndpointSlice {}", s.metadata.name.clone().unwrap_or_default());
+            let name = format!(
+                "EndpointSlice {}",
+                s.metadata.name.clone().unwrap_or_default()
+            );
             s.metadata
                 .managed_fields
                 .iter()
@@ -506,7 +521,9 @@ async fn nothing_written_by_upstream_since(client: &Client, since: Timestamp) ->
         upstream_slices.is_empty(),
         "slices of web not endpoints-guard's: {upstream_slices:?}"
     );
-    eprintln!("e2e_node: {SCOPE}: no write by {UPSTREAM_FIELD_MANAGER} or anyone else to web's objects since {since}");
+    eprintln!(
+        "e2e_node: {SCOPE}: no write by {UPSTREAM_FIELD_MANAGER} or anyone else to web's objects since {since}"
+    );
     Ok(())
 }
 
@@ -535,7 +552,12 @@ async fn uninstall_refused(run: &mut Run<'_>) -> Result<()> {
     let mut logs = String::new();
     for pod in &check.items {
         let name = pod.metadata.name.clone().unwrap_or_default();
-        logs.push_str(&jobs.logs(&name, &Default::default()).await.unwrap_or_default());
+        logs.push_str(
+            &jobs
+                .logs(&name, &Default::default())
+                .await
+                .unwrap_or_default(),
+        );
     }
     ensure!(
         logs.contains(&format!("{TEST_NS}/{SERVICE}")),

@@ -410,11 +410,11 @@ pub fn report_markdown(rows: &[Row], header: &str) -> String {
         .flat_map(|row| {
             std::iter::once(("kube-controller-manager", &row.upstream))
                 .chain(row.guard_columns())
-            .filter_map(move |(who, r)| {
-                r.as_ref()
-                    .and_then(|r| r.failure.as_ref())
-                    .map(|f| format!("- {who}, `{}`: {f}", row.spec))
-            })
+                .filter_map(move |(who, r)| {
+                    r.as_ref()
+                        .and_then(|r| r.failure.as_ref())
+                        .map(|f| format!("- {who}, `{}`: {f}", row.spec))
+                })
         })
         .collect();
     if !failures.is_empty() {
@@ -576,7 +576,10 @@ mod tests {
         assert!(verdict(&[row(Pass, Some(Pass))], columns).is_empty());
         let problems = verdict(&[row(Pass, Some(Fail))], columns);
         assert_eq!(problems.len(), 1);
-        assert!(problems[0].starts_with("endpoints-guard in opt-in scope"), "{problems:?}");
+        assert!(
+            problems[0].starts_with("endpoints-guard in opt-in scope"),
+            "{problems:?}"
+        );
         assert_eq!(verdict(&[row(Pass, None)], columns).len(), 1);
         assert!(verdict(&[row(Fail, Some(Fail))], columns).is_empty());
     }

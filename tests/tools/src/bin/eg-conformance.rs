@@ -48,8 +48,7 @@ use eg_harness::process::{Process, free_port};
 use eg_harness::{ControlPlane, ControlPlaneOptions};
 use eg_tools::conformance::{
     Columns, FAKE_NODE_SPECS, Outcome, REAL_NODE_SPECS, Row, Spec, SpecResult, focus,
-    read_ginkgo_report,
-    report_json, report_markdown, rows, verdict,
+    read_ginkgo_report, report_json, report_markdown, rows, verdict,
 };
 use eg_tools::node::{self, NodeImages, NodeOptions, RealNode};
 use k8s_openapi::api::core::v1::Node;
