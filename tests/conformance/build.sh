@@ -54,10 +54,16 @@ timed() { # timed NAME COMMAND...
 
 e2e="$out/bin/e2e-network.test"
 pins="$here/$kube_minor"
+# The release's e2e framework sets up gomega's formatting from a package that
+# moved in 1.37 (e2e/format.go, e2e/format_ktesting.go).
+tags=
+if [ -d "$(cd "$here" && go list -modfile="$pins/go.mod" -m -f '{{.Dir}}' k8s.io/kubernetes)/test/utils/ktesting/format" ]; then
+  tags=eg_ktesting_format
+fi
 if fresh "$e2e" "$pins/go.mod" "$pins/go.sum" "$here"/e2e/*.go; then
   echo "conformance: e2e-network.test: reusing $e2e"
 else
-  timed e2e-network.test bash -c "cd '$here' && go test -modfile='$pins/go.mod' -c -trimpath -buildvcs=false -ldflags='-s -w' -o '$e2e.tmp' ./e2e && mv '$e2e.tmp' '$e2e'"
+  timed e2e-network.test bash -c "cd '$here' && go test -modfile='$pins/go.mod' -tags='$tags' -c -trimpath -buildvcs=false -ldflags='-s -w' -o '$e2e.tmp' ./e2e && mv '$e2e.tmp' '$e2e'"
 fi
 
 # KWOK is the same for every release: another release's build is copied.
