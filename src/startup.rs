@@ -123,13 +123,14 @@ pub async fn kube_rules(client: &Client, cfg: &Config) -> Result<Rules> {
             release
         }
         None => {
-            let info = client
-                .apiserver_version()
-                .await
-                .map_err(|source| Error::Kube {
-                    action: "reading the API server's version",
-                    source,
-                })?;
+            // Readable by every authenticated user; where a server refuses
+            // it anyway, the flag is the way out.
+            let info = client.apiserver_version().await.map_err(|err| {
+                Error::Config(format!(
+                    "cannot read the API server's version to pick the rules ({err}): pass --kube-rules {}",
+                    KubeRelease::choices()
+                ))
+            })?;
             let release = KubeRelease::of_server(&info.major, &info.minor, &info.git_version)
                 .map_err(Error::Config)?;
             tracing::info!(rules = %release, server = %info.git_version, "rules of Kubernetes {release}, the API server's");

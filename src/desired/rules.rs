@@ -95,7 +95,7 @@ impl KubeRelease {
     }
 
     /// `1.34|1.35|1.36|1.37`.
-    fn choices() -> String {
+    pub fn choices() -> String {
         Self::ALL
             .iter()
             .map(ToString::to_string)
