@@ -13,6 +13,7 @@
 #   make e2e-node      the chart on a real one-node cluster on this host (root; kubelet, containerd,
 #                      kube-proxy), traffic through a Service under every fault → target/e2e-node/
 #   make chart-package helm lint --strict and helm package → target/chart/
+#   make chart-readme  the chart's README values table (from values.yaml's comments) and runbook.md
 #   make conformance   upstream's e2e specs for the endpoint controllers, kube-controller-manager's
 #                      and endpoints-guard's, on local clusters of KWOK nodes and (root) on a
 #                      real one-node cluster → target/conformance/
@@ -125,7 +126,7 @@ clean:
 	$(CARGO) clean
 
 # --- deployment: chart, plain manifests, kind e2e -------------------------------
-.PHONY: deploy-manifests chart-package e2e-kind image-smoke lint-shell
+.PHONY: deploy-manifests chart-package chart-readme e2e-kind image-smoke lint-shell
 
 # Renders deploy/ from charts/endpoints-guard (tests/e2e/chart.rs fails on drift).
 deploy-manifests: controlplane
@@ -138,6 +139,12 @@ deploy-manifests: controlplane
 CHART_DIR ?= target/chart
 chart-package: controlplane
 	bash hack/package-chart.sh $(CHART_DIR)
+
+# The chart's own documents: the values table of charts/endpoints-guard/README.md,
+# from the comment block above each key of values.yaml (every value needs one),
+# and runbook.md, a copy of docs/runbook.md (tests/e2e/chart.rs fails on drift).
+chart-readme: toolchain
+	$(CARGO) run -p eg-tools --bin eg-chart-readme
 
 # A real one-node cluster on this host (docs/e2e-node.md): as root, installs containerd,
 # runc, the CNI plugins and iptables when missing (else skips, exit 0), builds kubelet,

@@ -205,9 +205,13 @@ pub struct Config {
     #[arg(long, env = "EG_NAMESPACE")]
     pub namespace: Option<String>,
 
-    /// How often to list everything from the API and repair what the watch missed
-    /// (e.g. 300s, 5m, 1h; 0 turns it off).
-    #[arg(long, env = "EG_RESYNC_INTERVAL", default_value = "5m", value_parser = parse_duration)]
+    /// How often to list everything from the API and repair what the watch
+    /// missed (e.g. 90s, 2m, 1h; 0 turns it off). Each list asks for exactly
+    /// the resourceVersion the cache has reached, which kube-apiserver
+    /// (v1.34+) serves from etcd once its own check (every 5 to 7.5 minutes)
+    /// found its watch cache inconsistent: an object that cache kept after
+    /// etcd deleted it is found within this long of that check.
+    #[arg(long, env = "EG_RESYNC_INTERVAL", default_value = "2m", value_parser = parse_duration)]
     pub resync_interval: Duration,
 
     /// How long to keep trying to reach the API server at start-up before giving up.
@@ -233,18 +237,19 @@ pub struct Config {
     /// server's watch cache keeps after etcd deleted them, or in an older
     /// state than etcd's. Every pod named by an address of our Endpoints or
     /// slices, and every Service with either, is read (its metadata, from
-    /// etcd) in turn. 0 turns the scan off. 10 a second costs about twice
-    /// upstream's idle controller (docs/bench.md).
-    #[arg(long, env = "EG_GHOST_SCAN_QPS", default_value_t = 10.0, value_parser = parse_qps)]
+    /// etcd) in turn, pods behind ready addresses first. 0 turns the scan
+    /// off. The resync finds such ghosts within minutes where kube-apiserver
+    /// checks its watch cache (--resync-interval); the scan also finds them
+    /// where it does not, and before it does (docs/ghosts.md).
+    #[arg(long, env = "EG_GHOST_SCAN_QPS", default_value_t = 5.0, value_parser = parse_qps)]
     pub ghost_scan_qps: f64,
 
     /// One ghost-scan pass over all those objects is spread over this long
-    /// (at least one read a second, at most --ghost-scan-qps): a ghost is
-    /// found within about this long where the cap does not bind (up to
-    /// 18,000 pods and Services at the defaults), else within objects / qps.
-    /// 0: read as fast as --ghost-scan-qps allows. 30 minutes keeps the
-    /// reads' CPU at rest near upstream's idle controller at 11,000 objects
-    /// (docs/bench.md); a shorter period finds a ghost sooner for more reads.
+    /// (at least one read every two seconds, at most --ghost-scan-qps): the
+    /// scan alone finds a ghost within about this long where the cap does
+    /// not bind (up to 9,000 pods and Services at the defaults), else
+    /// within objects / qps. 0: read as fast as --ghost-scan-qps allows. A
+    /// shorter period finds a ghost sooner for more reads (docs/bench.md).
     #[arg(long, env = "EG_GHOST_SCAN_PERIOD", default_value = "30m", value_parser = parse_duration)]
     pub ghost_scan_period: Duration,
 
@@ -603,7 +608,8 @@ mod tests {
         let cfg = Config::try_parse_from(["endpoints-guard"]).expect("defaults parse");
         assert_eq!(cfg.workers, 5);
         assert_eq!(cfg.mode, Mode::Enforce);
-        assert_eq!(cfg.resync_interval, Duration::from_secs(300));
+        assert_eq!(cfg.resync_interval, Duration::from_secs(120));
+        assert_eq!(cfg.ghost_scan_qps, 5.0);
         assert_eq!(cfg.controllers, Controller::ALL);
         assert_eq!(cfg.max_endpoints_per_slice, 100);
     }

@@ -2,16 +2,21 @@
 //! API server's watch cache may hold wrongly.
 //!
 //! When kube-apiserver's watch cache loses a DELETE (etcd issues 18089 and
-//! 19179, kubernetes 123072), every watch and every LIST keeps the object,
-//! because since v1.34 a consistent LIST is served from that same cache. The
-//! periodic resync cannot see such a ghost; only a GET reaches etcd. So every
-//! pod an address of our Endpoints or an endpoint of our slices points at,
-//! and every Service that has either, is read by GET in turn. A pass is
-//! spread over `--ghost-scan-period` (so its cost grows with the cluster, and
-//! a small cluster is not read through every minute), at least one read a
-//! second and at most `--ghost-scan-qps`, made in rounds of up to `ROUND`: a
-//! ghost is found within about one period plus `RECHECK_AFTER`, or targets /
-//! qps where the cap binds.
+//! 19179, kubernetes 123072), every watch and every consistent LIST keeps
+//! the object, because since v1.34 a consistent LIST is served from that
+//! same cache. Two things reach etcd: the resync's list at an exact
+//! resourceVersion, once kube-apiserver's own check has found its cache
+//! inconsistent (`hardened_watcher`'s `WatchCore::next_step`; within
+//! minutes, where that check runs), and a GET, always. This scan makes the
+//! GETs: every pod an address of our Endpoints or an endpoint of our slices
+//! points at (those behind ready addresses first: a ghost there takes
+//! traffic), and every Service that has either, is read in turn. A pass is
+//! spread over `--ghost-scan-period` (so its cost grows with the cluster,
+//! and a small cluster is not read through every minute), at least one read
+//! every two seconds and at most `--ghost-scan-qps`, made in rounds of up to
+//! `ROUND`: the scan finds a ghost within about one period plus
+//! `RECHECK_AFTER`, or targets / qps where the cap binds
+//! (docs/ghosts.md).
 //!
 //! A ghost is declared on two reads, `RECHECK_AFTER` apart, that both find
 //! the object gone while the cache still holds the same incarnation: a
@@ -38,7 +43,7 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use super::Context;
-use super::kinds::{self, PodKind, ServiceKind, pod_target_refs, slice_pod_refs};
+use super::kinds::{self, PodKind, ServiceKind};
 use crate::shutdown::stopped;
 use hardened_watcher::live::LiveMeta;
 use hardened_watcher::{Cached, LiveRead, ObjectKey, Outcome, WatchObserver, compare_rv, live};
@@ -147,8 +152,8 @@ fn still_behind(cached: CachedMeta<'_>, uid: &str, found_rv: &str) -> bool {
 }
 
 /// The slowest the scan reads while it has targets: however long the period,
-/// a small cluster is read through in seconds, at a negligible cost.
-const MIN_QPS: f64 = 1.0;
+/// a small cluster is read through in minutes, at a negligible cost.
+const MIN_QPS: f64 = 0.5;
 
 /// The reads due in this long are made together, as one round. A read made
 /// alone, after the process has gone idle, costs about twice the CPU of one
@@ -193,15 +198,16 @@ impl Pace {
 
     /// The same reads a second as [`Pace::gap`], grouped into rounds of at
     /// most `ROUND` and never longer than one period (a short period is a
-    /// request for a short detection bound).
+    /// request for a short detection bound): the whole reads that fit, and
+    /// a round exactly that many gaps long, so the rate is the gap's.
     fn rounds(self, targets: usize) -> Rounds {
         let gap = self.gap(targets);
-        let interval = ROUND.min(self.period).max(gap);
-        let reads = (interval.as_secs_f64() / gap.as_secs_f64()).round();
+        let longest = ROUND.min(self.period).max(gap);
+        // A round holds at least one read; f64 → u32 saturates.
+        let reads = ((longest.as_secs_f64() / gap.as_secs_f64()).floor() as u32).max(1);
         Rounds {
-            interval,
-            // A round holds at least one read; f64 → usize saturates.
-            reads: (reads as usize).max(1),
+            interval: gap.saturating_mul(reads),
+            reads: reads as usize,
         }
     }
 }
@@ -371,11 +377,14 @@ async fn perform(ctx: &Arc<Context>, read: Read) -> Option<(Target, Verdict, Str
 
 /// Every pod an address of our Endpoints or an endpoint of our slices names,
 /// and every Service with Endpoints or slices of ours, that the caches hold
-/// now; each once.
+/// now; each once. Pods behind a ready address come first: a ghost among
+/// them is where traffic goes and fails, so a pass reads them before the
+/// rest (not-ready and terminating pods, Services).
 fn targets(ctx: &Context) -> Vec<Target> {
     let managers = ctx.scope.managers();
-    // (Service key, the pods its objects name), from either controller.
-    let mut named: Vec<(ObjectKey, Vec<String>)> = Vec::new();
+    // (Service key, the pods its objects name, each with whether it is
+    // named by a ready address), from either controller.
+    let mut named: Vec<(ObjectKey, Vec<(String, bool)>)> = Vec::new();
     let endpoints: Vec<_> = ctx
         .stores
         .endpoints
@@ -386,8 +395,18 @@ fn targets(ctx: &Context) -> Vec<Target> {
         .collect();
     for ep in endpoints {
         let Ok(decoded) = ep.decode() else { continue };
-        let pods = pod_target_refs(&decoded)
-            .filter_map(|r| r.name.clone())
+        let subsets = decoded.subsets.iter().flatten();
+        let pods = subsets
+            .flat_map(|s| {
+                let ready = s.addresses.iter().flatten().map(|a| (a, true));
+                let not_ready = s.not_ready_addresses.iter().flatten().map(|a| (a, false));
+                ready.chain(not_ready)
+            })
+            .filter_map(|(address, ready)| {
+                let target = address.target_ref.as_ref()?;
+                (target.kind.as_deref() == Some("Pod")).then_some(())?;
+                Some((target.name.clone()?, ready))
+            })
             .collect();
         named.push((ep.key(), pods));
     }
@@ -403,8 +422,16 @@ fn targets(ctx: &Context) -> Vec<Target> {
         let (Some(key), Ok(decoded)) = (slice.service_key(), slice.decode()) else {
             continue;
         };
-        let pods = slice_pod_refs(&decoded)
-            .filter_map(|r| r.name.clone())
+        let pods = decoded
+            .endpoints
+            .iter()
+            .flatten()
+            .filter_map(|endpoint| {
+                let target = endpoint.target_ref.as_ref()?;
+                (target.kind.as_deref() == Some("Pod")).then_some(())?;
+                let ready = endpoint.conditions.as_ref().and_then(|c| c.ready) == Some(true);
+                Some((target.name.clone()?, ready))
+            })
             .collect();
         named.push((key, pods));
     }
@@ -412,31 +439,48 @@ fn targets(ctx: &Context) -> Vec<Target> {
     let services = ctx.stores.services.read();
     let pods = ctx.stores.pods.read();
     let mut seen: HashSet<(Kind, ObjectKey)> = HashSet::new();
-    let mut out = Vec::new();
-    for (key, pod_names) in named {
-        if let Some(svc) = services.get(&key)
+    let (mut first, mut rest) = (Vec::new(), Vec::new());
+    // Ready before not ready, so a pod named both ways counts as ready.
+    let ordered = named.iter().flat_map(|(key, pods)| {
+        pods.iter()
+            .filter(|(_, ready)| *ready)
+            .map(move |(name, _)| (key, name, true))
+    });
+    let not_ready = named.iter().flat_map(|(key, pods)| {
+        pods.iter()
+            .filter(|(_, ready)| !*ready)
+            .map(move |(name, _)| (key, name, false))
+    });
+    for (key, name, ready) in ordered.chain(not_ready) {
+        let pod_key = ObjectKey::new(key.namespace.clone(), name.as_str());
+        if let Some(pod) = pods.get(&pod_key)
+            && seen.insert((Kind::Pod, pod_key.clone()))
+        {
+            let target = Target {
+                kind: Kind::Pod,
+                uid: pod.uid().to_owned(),
+                key: pod_key,
+            };
+            if ready {
+                first.push(target)
+            } else {
+                rest.push(target)
+            }
+        }
+    }
+    for (key, _) in &named {
+        if let Some(svc) = services.get(key)
             && seen.insert((Kind::Service, key.clone()))
         {
-            out.push(Target {
+            rest.push(Target {
                 kind: Kind::Service,
                 uid: svc.uid().to_owned(),
                 key: key.clone(),
             });
         }
-        for name in pod_names {
-            let pod_key = ObjectKey::new(key.namespace.clone(), name);
-            if let Some(pod) = pods.get(&pod_key)
-                && seen.insert((Kind::Pod, pod_key.clone()))
-            {
-                out.push(Target {
-                    kind: Kind::Pod,
-                    uid: pod.uid().to_owned(),
-                    key: pod_key,
-                });
-            }
-        }
     }
-    out
+    first.extend(rest);
+    first
 }
 
 /// What the cache holds of `target`'s key now: (UID, resourceVersion).
@@ -542,15 +586,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_pass_is_spread_over_the_period_within_one_read_a_second_and_qps() {
+    fn a_pass_is_spread_over_the_period_within_one_read_every_two_seconds_and_qps() {
         let pace = Pace {
             qps: 20.0,
             period: Duration::from_secs(900),
         };
         let ms = |targets| pace.gap(targets).as_millis();
-        // A few targets: one read a second, not one per 900 s / 3.
-        assert_eq!(ms(3), 1000);
-        assert_eq!(ms(0), 1000);
+        // A few targets: one read every two seconds, not one per 900 s / 3.
+        assert_eq!(ms(3), 2000);
+        assert_eq!(ms(0), 2000);
         // 1,100 targets (100 Services × 1,000 pods): 900 s / 1,100.
         assert_eq!(ms(1_100), 818);
         // 11,000: 12.2 reads a second.
@@ -581,10 +625,10 @@ mod tests {
             let r = pace.rounds(targets);
             (r.interval.as_millis(), r.reads)
         };
-        // One read a second, five at a time.
-        assert_eq!(rounds(3), (5_000, 5));
-        // 1,100 targets: 1.22 reads a second, six every 5 s.
-        assert_eq!(rounds(1_100), (5_000, 6));
+        // One read every two seconds, two at a time.
+        assert_eq!(rounds(3), (4_000, 2));
+        // 1,100 targets: 1.22 reads a second, six every 4.9 s.
+        assert_eq!(rounds(1_100), (4_909, 6));
         // The qps cap: 20 a second, a hundred every 5 s.
         assert_eq!(rounds(110_000), (5_000, 100));
         // A period shorter than a round: one round per period.
@@ -746,5 +790,56 @@ mod tests {
             "another incarnation"
         );
         assert!(!still_behind(None, "u1", "12"), "deleted meanwhile");
+    }
+    /// A pass reads the pods behind ready addresses first (of Endpoints or
+    /// slices), then the not-ready ones, then the Services.
+    #[tokio::test]
+    async fn a_pass_reads_pods_behind_ready_addresses_first() {
+        use hardened_watcher::WatchEventKind::Added;
+
+        use crate::reconcile::kinds::{CachedEndpoints, CachedService, CachedSlice};
+        use crate::reconcile::testkit::{context, endpoints, pod, service};
+
+        let ctx = context();
+        ctx.stores
+            .services
+            .apply_watch_event(Added, CachedService::new(service("ns", "web", "web")));
+        for (name, ip) in [("a", "10.0.0.1"), ("b", "10.0.0.2"), ("c", "10.0.0.3")] {
+            ctx.stores
+                .pods
+                .apply_watch_event(Added, pod("ns", name, "web", ip, "1"));
+        }
+        let mut ep = endpoints("ns", "web", &[("a", "10.0.0.1")]);
+        let not_ready = endpoints("ns", "web", &[("b", "10.0.0.2")]);
+        if let (Some(subset), Some(other)) = (
+            ep.subsets.as_mut().and_then(|s| s.first_mut()),
+            not_ready.subsets.and_then(|s| s.into_iter().next()),
+        ) {
+            subset.not_ready_addresses = other.addresses;
+        }
+        if let Some(cached) = CachedEndpoints::new(ep) {
+            ctx.stores.endpoints.apply_watch_event(Added, cached);
+        }
+        let slice = serde_json::from_value(serde_json::json!({
+            "metadata": {"namespace": "ns", "name": "web-abc", "uid": "s1", "resourceVersion": "3",
+                "labels": {"kubernetes.io/service-name": "web",
+                           "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
+            "addressType": "IPv4",
+            "endpoints": [
+                {"addresses": ["10.0.0.2"], "conditions": {"ready": false},
+                 "targetRef": {"kind": "Pod", "namespace": "ns", "name": "b", "uid": "b-uid"}},
+                {"addresses": ["10.0.0.3"], "conditions": {"ready": true},
+                 "targetRef": {"kind": "Pod", "namespace": "ns", "name": "c", "uid": "c-uid"}},
+            ],
+        }))
+        .unwrap_or_else(|err| panic!("slice: {err}"));
+        if let Some(cached) = CachedSlice::new(slice) {
+            ctx.stores.slices.apply_watch_event(Added, cached);
+        }
+        let order: Vec<String> = targets(&ctx)
+            .iter()
+            .map(|t| format!("{:?} {}", t.kind, t.key.name))
+            .collect();
+        assert_eq!(order, ["Pod a", "Pod c", "Pod b", "Service web"]);
     }
 }

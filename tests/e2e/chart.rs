@@ -64,7 +64,7 @@ fn deploy_manifests_match_helm_template() -> Result<()> {
     }
     // And the script renders what plain `helm template` renders, less the
     // `helm test` hooks.
-    let plain = template_with(&["--skip-tests"], &["createNamespace=true"])?;
+    let plain = template_with(&["--skip-tests", "--no-hooks"], &["createNamespace=true"])?;
     assert!(
         !plain.contains("helm.sh/hook"),
         "a hook in deploy/endpoints-guard.yaml"
@@ -79,12 +79,33 @@ fn deploy_manifests_match_helm_template() -> Result<()> {
     Ok(())
 }
 
+/// The chart's README (its values table) and runbook.md are what `make
+/// chart-readme` makes of values.yaml's comments and docs/runbook.md, and
+/// `helm show readme` prints the README.
+#[test]
+fn the_chart_readme_and_runbook_are_generated() -> Result<()> {
+    for (path, want) in eg_tools::chart_docs::expected(&root())? {
+        let have = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        assert!(
+            have == want,
+            "{} differs from what `make chart-readme` makes: run it and commit the result",
+            path.display()
+        );
+    }
+    let readme = std::fs::read_to_string(root().join(CHART).join("README.md"))?;
+    let shown = stdout(Command::new(helm()).args(["show", "readme", CHART]))?;
+    assert_eq!(shown.trim_end(), readme.trim_end());
+    Ok(())
+}
+
 #[test]
 fn every_flag_is_reachable_from_values() -> Result<()> {
     let rendered = template(&[
         "watchNamespace=team-a",
         "extraArgs={--context=ctx,--kubeconfig=/k}",
         "metrics.tls.secretName=eg-tls",
+        "managedBy=own",
         // Both render nothing at their defaults: the server's version decides.
         "kubeRules=1.34",
         "featureGates.PreferSameTrafficDistribution=false",
@@ -131,9 +152,15 @@ fn rendered_objects_are_hardened_and_least_privilege() -> Result<()> {
     assert!(main["resources"]["requests"]["cpu"].is_string());
     let args = strings(&main["args"]);
     assert!(args.contains(&"--leader-elect".to_string()), "{args:?}");
+    for default in ["--mode=enforce", "--scope=opt-in"] {
+        assert!(
+            args.contains(&default.to_string()),
+            "opt-in scope, enforcing, is the default: {args:?}"
+        );
+    }
     assert!(
-        args.contains(&"--mode=audit".to_string()),
-        "audit is the default: {args:?}"
+        !args.iter().any(|a| a.starts_with("--managed-by")),
+        "the scope picks the managed-by value: {args:?}"
     );
     assert!(
         container(deployment, "watch-chaos").is_err(),
@@ -183,9 +210,18 @@ fn values_are_checked() -> Result<()> {
         assert!(template(&[bad]).is_err(), "{bad} accepted");
     }
     template(&["leaderElection.enabled=false", "replicaCount=1"])?;
+    // Opt-in scope writes its own managed-by value and runs both controllers.
+    for bad in [
+        "managedBy=upstream",
+        "controllers={endpoints}",
+        "scope=some",
+    ] {
+        assert!(template(&[bad]).is_err(), "{bad} accepted in opt-in scope");
+    }
+    template(&["scope=all", "managedBy=upstream"])?;
     // The controllers list picks the flags and the RBAC rules.
-    assert!(template(&["controllers={endpoints,yolo}"]).is_err());
-    let endpoints_only = documents(&template(&["controllers={endpoints}"])?)?;
+    assert!(template(&["scope=all", "controllers={endpoints,yolo}"]).is_err());
+    let endpoints_only = documents(&template(&["scope=all", "controllers={endpoints}"])?)?;
     let args =
         strings(&container(find(&endpoints_only, "Deployment")?, "endpoints-guard")?["args"]);
     assert!(
@@ -228,6 +264,63 @@ fn values_are_checked() -> Result<()> {
     let parsed: serde_json::Value = serde_json::from_str(json)?;
     assert!(parsed["panels"].as_array().is_some_and(|p| !p.is_empty()));
     find(&monitoring, "ServiceMonitor")?;
+    Ok(())
+}
+
+/// In opt-in scope `helm uninstall` first runs a pre-delete Job, the
+/// controller's own image and ServiceAccount under the restricted profile,
+/// that fails while a Service is opted in; in all scope (nothing opts in)
+/// or when turned off, there is none.
+#[test]
+fn uninstall_is_checked_in_opt_in_scope() -> Result<()> {
+    let docs = documents(&template(&["watchNamespace=team-a"])?)?;
+    let job = find(&docs, "Job")?;
+    let annotations = &job["metadata"]["annotations"];
+    assert_eq!(annotations["helm.sh/hook"].as_str(), Some("pre-delete"));
+    assert_eq!(job["spec"]["backoffLimit"].as_i64(), Some(0));
+    let pod = &job["spec"]["template"]["spec"];
+    let deployment = find(&docs, "Deployment")?;
+    assert_eq!(
+        pod["serviceAccountName"],
+        deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    );
+    assert_eq!(pod["restartPolicy"].as_str(), Some("Never"));
+    assert_eq!(pod["securityContext"]["runAsNonRoot"].as_bool(), Some(true));
+    // The metrics Service and the PodDisruptionBudget select the
+    // Deployment's pods by these labels: the check's pod is not one.
+    let selector = &deployment["spec"]["selector"]["matchLabels"];
+    let labels = &job["spec"]["template"]["metadata"]["labels"];
+    let selected = selector
+        .as_mapping()
+        .context("the Deployment's selector")?
+        .iter()
+        .all(|(key, value)| labels[key.as_str().unwrap_or_default()] == *value);
+    assert!(!selected, "the check's pod {labels:?} matches {selector:?}");
+    let check = &pod["containers"][0];
+    assert_eq!(
+        check["image"],
+        container(deployment, "endpoints-guard")?["image"]
+    );
+    assert_eq!(
+        check["securityContext"]["capabilities"]["drop"],
+        serde_yaml::from_str::<Value>("[ALL]")?
+    );
+    let args = strings(&check["args"]);
+    assert_eq!(args, ["--namespace=team-a", "check-uninstall"]);
+    let mut argv = vec!["endpoints-guard".to_string()];
+    argv.extend(args);
+    let cfg = <Config as clap::Parser>::try_parse_from(&argv)?;
+    assert!(
+        matches!(
+            cfg.command,
+            Some(endpoints_guard::config::Command::CheckUninstall)
+        ),
+        "{cfg:?}"
+    );
+    for values in [&["scope=all"][..], &["uninstallCheck.enabled=false"][..]] {
+        let docs = documents(&template(values)?)?;
+        assert!(find(&docs, "Job").is_err(), "{values:?}: a Job");
+    }
     Ok(())
 }
 

@@ -10,6 +10,7 @@
 
 mod common;
 
+mod addresses;
 mod alerts;
 mod bench_smoke;
 mod chaos;

@@ -263,6 +263,69 @@ async fn a_delete_lost_in_the_watch_cache_is_found_by_reads_from_etcd() -> Resul
     Ok(())
 }
 
+/// A DELETE lost in kube-apiserver's watch cache, with the ghost scan off:
+/// the resync, which lists at exactly the resourceVersion its cache reached,
+/// finds it once kube-apiserver serves that list from etcd. It does so once
+/// its own consistency check (every 5 to 7.5 minutes) found its cache
+/// wrong (`make chaos` waits for that, docs/ghosts.md), and, the path this
+/// shorter test takes, once compaction removed every snapshot of the cache
+/// at or below that resourceVersion: pods quiet since before the last
+/// compaction (here every 60 s). A consistent LIST keeps serving the ghost
+/// throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_delete_lost_in_the_watch_cache_is_found_by_the_resyncs_exact_list() -> Result<()> {
+    let options = ControlPlaneOptions::default()
+        .with_etcd_fault_proxy()
+        .etcd_compaction_interval(Duration::from_secs(60));
+    let env = Env::start(options, &["--ghost-scan-qps", "0"]).await?;
+    env.service_with_two_pods().await?;
+    env.cp
+        .etcd_drop_events(&format!("/registry/pods/{NS}/a-1"), &["PUT", "DELETE"])
+        .await?;
+    let deleted = Instant::now();
+    env.cp.force_delete_pod(NS, "a-1").await?;
+    let pods: Api<Pod> = Api::namespaced(env.cp.client(), NS);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let has_ghost = |list: &kube::core::ObjectList<Pod>| {
+        list.items
+            .iter()
+            .any(|p| p.metadata.name.as_deref() == Some("a-1"))
+    };
+    ensure!(
+        has_ghost(&pods.list(&ListParams::default()).await?),
+        "the watch cache should still serve a-1 in LISTs"
+    );
+    ensure!(
+        pods.get_opt("a-1").await?.is_none(),
+        "etcd should not have a-1"
+    );
+    let took = env
+        .converge(
+            &Expected::default().service("a", &["10.1.0.1"]),
+            Duration::from_secs(300),
+            "the ghost pod's address removed by the resync",
+        )
+        .await?;
+    eprintln!(
+        "ghost found by the resync {:.1}s after the delete; a consistent LIST still serves it: {}",
+        deleted.elapsed().as_secs_f64(),
+        has_ghost(&pods.list(&ListParams::default()).await?)
+    );
+    // With the scan off, only a list could make the ghost a candidate for
+    // the guard's live read.
+    ensure!(
+        env.guard.metric("endpoints_guard_ghost_scan_reads_total") == 0.0,
+        "the ghost scan was off"
+    );
+    ensure!(
+        took <= Duration::from_secs(300),
+        "finding the ghost took {took:?}"
+    );
+    env.assert_no_spurious_deletions();
+    env.guard.stop().await;
+    Ok(())
+}
+
 /// Endpoints writes are denied (a ValidatingAdmissionPolicy) longer than the
 /// retry budget while a pod turns not ready; the key is dropped; once writes
 /// are allowed again the Endpoints converge within one resync interval.

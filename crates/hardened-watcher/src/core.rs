@@ -44,6 +44,16 @@ pub enum Step {
     },
 }
 
+/// A list whose disputed items are being read live: what it ended at, and
+/// what the store was known to have reached before it (the evidence a
+/// confirmed rewind is logged with).
+#[derive(Debug)]
+pub(super) struct DisputedList {
+    list_rv: String,
+    mode: ListMode,
+    known_rv: Option<String>,
+}
+
 /// The decisions of one watcher.
 pub struct WatchCore<T: Cached> {
     pub(super) machine: Machine,
@@ -54,10 +64,10 @@ pub struct WatchCore<T: Cached> {
     pub(super) list: Option<ListDiffBuilder<T>>,
     /// The mode of the next list to start.
     pub(super) next_mode: ListMode,
-    /// Items of the last list that live reads must settle, and the list's RV
-    /// and mode to go on with afterwards.
+    /// Items of the last list that live reads must settle, and how to go
+    /// on with that list afterwards.
     pub(super) disputes: VecDeque<Dispute<T>>,
-    pub(super) after_disputes: Option<(String, ListMode)>,
+    pub(super) after_disputes: Option<DisputedList>,
     /// A read settled a dispute as a rewound store.
     pub(super) rewind_confirmed: bool,
     /// Taken when a [`Step::Read`] is handed out.
@@ -72,6 +82,10 @@ pub struct WatchCore<T: Cached> {
     /// When the input being applied arrived; handed to the sink with every
     /// change it causes.
     pub(super) arrived: Instant,
+    /// The first page of the list in progress asked for an exact RV.
+    pub(super) listing_exact: bool,
+    /// An exact first page failed: this resync lists consistently.
+    pub(super) exact_refused: bool,
 }
 
 impl<T: Cached> WatchCore<T> {
@@ -99,6 +113,8 @@ impl<T: Cached> WatchCore<T> {
             replay_until: None,
             report: ResyncReport::default(),
             arrived: Instant::now(),
+            listing_exact: false,
+            exact_refused: false,
         }
     }
 
@@ -129,6 +145,20 @@ impl<T: Cached> WatchCore<T> {
 
     /// The next step. Starting a list takes the cache's high-water mark now,
     /// before the request is sent.
+    ///
+    /// A resync's first page asks for exactly that mark
+    /// (`resourceVersionMatch=Exact`) rather than the latest state. Served
+    /// from the API server's watch cache it is the same list, at no extra
+    /// cost; but kube-apiserver (v1.34+, DetectCacheInconsistency) serves an
+    /// exact list from etcd once its own check found its watch cache
+    /// inconsistent (it drops the cache's snapshots), and whenever no
+    /// snapshot of the cache covers the RV. So a DELETE the watch cache lost,
+    /// which every consistent list keeps serving, is missing from such a
+    /// list: the diff makes the ghost a deletion candidate, and a live read
+    /// confirms it. The list is at the list's floor itself, so it can never
+    /// look like a rewound store. Where the server refuses it (an RV it
+    /// compacted; another API server behind it), the resync lists
+    /// consistently instead.
     pub fn next_step(&mut self) -> Step {
         if let Some(dispute) = self.disputes.front() {
             self.read_stamp = Some(self.store.read_stamp());
@@ -139,7 +169,29 @@ impl<T: Cached> WatchCore<T> {
         if self.machine.starts_list() && self.list.is_none() {
             self.list = Some(ListDiffBuilder::new(&self.store.read(), self.next_mode));
         }
-        Step::Act(self.machine.next_action())
+        let mut action = self.machine.next_action();
+        if let Action::List {
+            continue_token: None,
+            exact_rv,
+            ..
+        } = &mut action
+        {
+            *exact_rv = self.exact_resync_rv();
+            self.listing_exact = exact_rv.is_some();
+        }
+        Step::Act(action)
+    }
+
+    /// The RV a resync's first page asks for exactly: its floor, where that
+    /// is a decimal RV and the server has not refused it this resync.
+    fn exact_resync_rv(&self) -> Option<String> {
+        let list = self.list.as_ref()?;
+        if list.mode() != ListMode::Resync || self.exact_refused {
+            return None;
+        }
+        let floor = list.floor()?;
+        let decimal = !floor.is_empty() && floor.bytes().all(|b| b.is_ascii_digit());
+        decimal.then(|| floor.to_owned())
     }
 
     /// The pause asked by [`Action::Backoff`] is over.
@@ -161,6 +213,10 @@ impl<T: Cached> WatchCore<T> {
             }
             Err(err) => {
                 self.abort_list();
+                if std::mem::take(&mut self.listing_exact) {
+                    self.exact_refused = true;
+                    warn!(error = %err, "a resync list at an exact resourceVersion failed; this resync lists the latest state instead");
+                }
                 let reason = self.machine.on_list_error(ApiErrorKind::classify(&err));
                 warn!(error = %err, reason = reason.metric_label(), "list failed");
                 self.observer.restart(self.resource(), reason);
@@ -184,7 +240,14 @@ impl<T: Cached> WatchCore<T> {
         let was_rewound = builder.rewound();
         builder.apply_page(&mut self.store.write(), page.items, &page.resource_version);
         if builder.rewound() && !was_rewound {
-            self.start_rewind(&page.resource_version, "the consistent list's RV");
+            // The store's own high-water mark already is the list's RV here:
+            // the list's floor is what it held before.
+            let known_rv = builder.floor().map(str::to_owned);
+            self.start_rewind(
+                &page.resource_version,
+                known_rv.as_deref(),
+                "the consistent list's RV",
+            );
         }
         match self
             .machine
@@ -195,11 +258,12 @@ impl<T: Cached> WatchCore<T> {
         }
     }
 
-    fn start_rewind(&mut self, list_rv: &str, evidence: &str) {
-        let floor = self.store.read().highest_rv().map(str::to_owned);
+    /// The store went back from `known_rv` (the highest RV known before the
+    /// list that showed it) to `list_rv`.
+    fn start_rewind(&mut self, list_rv: &str, known_rv: Option<&str>, evidence: &str) {
         warn!(
             list_rv,
-            known_rv = ?floor,
+            known_rv = known_rv.unwrap_or("unknown"),
             evidence,
             "the store was rewound (etcd restored from a backup?): the cache starts over from a consistent list"
         );
@@ -226,6 +290,7 @@ impl<T: Cached> WatchCore<T> {
         let Some(builder) = self.list.take() else {
             return;
         };
+        let known_rv = builder.floor().map(str::to_owned);
         let outcome: ListOutcome<T> = builder.finish(&mut self.store.write());
         for kind in &outcome.leftover_drift {
             self.observer.drift(self.resource(), *kind);
@@ -262,7 +327,11 @@ impl<T: Cached> WatchCore<T> {
             self.after_list(&list_rv, outcome.mode);
         } else {
             self.disputes = diff.disputes.into();
-            self.after_disputes = Some((list_rv, outcome.mode));
+            self.after_disputes = Some(DisputedList {
+                list_rv,
+                mode: outcome.mode,
+                known_rv,
+            });
         }
     }
 
@@ -332,13 +401,19 @@ impl<T: Cached> WatchCore<T> {
         }
         let after = self.after_disputes.take();
         if std::mem::take(&mut self.rewind_confirmed) {
-            let list_rv = after.as_ref().map(|(rv, _)| rv.clone()).unwrap_or_default();
-            self.start_rewind(&list_rv, "a live read of a disputed item");
+            let (list_rv, known_rv) = after
+                .map(|list| (list.list_rv, list.known_rv))
+                .unwrap_or_default();
+            self.start_rewind(
+                &list_rv,
+                known_rv.as_deref(),
+                "a live read of a disputed item",
+            );
             self.machine.request_relist(RestartReason::StoreRewound);
             self.observer
                 .restart(self.resource(), RestartReason::StoreRewound);
-        } else if let Some((list_rv, mode)) = after {
-            self.after_list(&list_rv, mode);
+        } else if let Some(list) = after {
+            self.after_list(&list.list_rv, list.mode);
         }
     }
 
@@ -353,6 +428,7 @@ impl<T: Cached> WatchCore<T> {
                     // The list in progress answers it.
                     return false;
                 }
+                self.exact_refused = false;
                 if self.next_mode == ListMode::Recover {
                     self.next_mode = ListMode::Resync;
                 }

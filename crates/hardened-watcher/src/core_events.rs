@@ -35,7 +35,7 @@ impl<T: Cached> WatchCore<T> {
                 if let Some(reason) = self.machine.on_probe(behind) {
                     warn!(
                         store_rv,
-                        known_rv = ?floor,
+                        known_rv = floor.as_deref().unwrap_or("unknown"),
                         "the store's revision is below what this watcher has seen; relisting"
                     );
                     self.observer.restart(self.resource(), reason);

@@ -18,7 +18,8 @@ use super::core::{Sink, Step, WatchCore};
 use super::decode::{WatchInput, decode_object, parse_watch_line, peek_watch_line};
 use super::error::WatchError;
 use super::list::{
-    ListBody, check_status, content_type, decode_page, fetch_page, fetch_page_either, page_rv,
+    ListBody, PageAt, check_status, content_type, decode_page, fetch_page, fetch_page_either,
+    page_rv,
 };
 use super::live;
 use super::machine::Action;
@@ -193,13 +194,22 @@ where
                 Step::Act(Action::List {
                     continue_token,
                     limit,
+                    exact_rv,
                 }) => {
-                    self.list_page(&client, &request, limit, continue_token.as_deref())
-                        .await
+                    let page = PageAt {
+                        limit,
+                        continue_token: continue_token.as_deref(),
+                        exact_rv: exact_rv.as_deref(),
+                    };
+                    self.list_page(&client, &request, &page).await
                 }
                 Step::Act(Action::Probe) => {
+                    let one = PageAt {
+                        limit: 1,
+                        ..PageAt::default()
+                    };
                     let page = tokio::select! {
-                        page = fetch_page(&client, &request, 1, None) => page,
+                        page = fetch_page(&client, &request, &one) => page,
                         () = stopped(&mut self.shutdown) => return Ok(()),
                     };
                     self.core.input_arrived(Instant::now());
@@ -258,15 +268,12 @@ where
         &mut self,
         client: &kube::Client,
         request: &kube::core::Request,
-        limit: u32,
-        continue_token: Option<&str>,
+        page: &PageAt<'_>,
     ) -> Flow {
         let fetch = async {
             match self.protobuf {
-                Some(_) => fetch_page_either(client, request, limit, continue_token).await,
-                None => fetch_page(client, request, limit, continue_token)
-                    .await
-                    .map(ListBody::Json),
+                Some(_) => fetch_page_either(client, request, page).await,
+                None => fetch_page(client, request, page).await.map(ListBody::Json),
             }
         };
         let page = tokio::select! {

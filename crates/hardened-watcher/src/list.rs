@@ -6,7 +6,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use kube::api::ListParams;
+use kube::api::{ListParams, VersionMatch};
 use serde::de::DeserializeOwned;
 
 use super::cache::Cache;
@@ -139,7 +139,6 @@ impl<T: Cached> ListDiffBuilder<T> {
     }
 
     /// The mode the list is in now.
-    #[cfg(test)]
     pub fn mode(&self) -> ListMode {
         self.mode
     }
@@ -147,6 +146,12 @@ impl<T: Cached> ListDiffBuilder<T> {
     /// Whether the first page showed the store rewound.
     pub fn rewound(&self) -> bool {
         self.rewound
+    }
+
+    /// The highest RV the store was known to have reached when the list
+    /// began: what a rewound store went back from.
+    pub fn floor(&self) -> Option<&str> {
+        self.floor.as_deref()
     }
 
     /// Undecodable items listed so far.
@@ -228,30 +233,41 @@ pub struct Page<T> {
 /// The request for one LIST page, whichever format it asks for.
 fn page_request(
     request: &kube::core::Request,
-    limit: u32,
-    continue_token: Option<&str>,
+    page: &PageAt<'_>,
 ) -> Result<http::Request<Vec<u8>>, kube::Error> {
     // resourceVersion stays unset: a consistent read, never the possibly
-    // stale watch-cache answer that RV "0" would get.
-    let mut params = ListParams::default().limit(limit);
-    if let Some(token) = continue_token {
+    // stale watch-cache answer that RV "0" would get; or, for a resync's
+    // first page, exactly the store's high-water mark (see
+    // `WatchCore::next_step`). A continue token carries the snapshot.
+    let mut params = ListParams::default().limit(page.limit);
+    if let Some(token) = page.continue_token {
         params = params.continue_token(token);
+    } else if let Some(rv) = page.exact_rv {
+        params = params.at(rv).matching(VersionMatch::Exact);
     }
     let mut req = request.list(&params).map_err(kube::Error::BuildRequest)?;
     req.extensions_mut().insert("list");
     Ok(req)
 }
 
+/// Which page of a LIST to ask for.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PageAt<'a> {
+    /// Page size.
+    pub limit: u32,
+    /// `None` for the first page.
+    pub continue_token: Option<&'a str>,
+    /// For a first page: this RV exactly (`resourceVersionMatch=Exact`).
+    pub exact_rv: Option<&'a str>,
+}
+
 /// Fetches one LIST page and returns its body, undecoded.
 pub async fn fetch_page(
     client: &kube::Client,
     request: &kube::core::Request,
-    limit: u32,
-    continue_token: Option<&str>,
+    page: &PageAt<'_>,
 ) -> Result<String, kube::Error> {
-    client
-        .request_text(page_request(request, limit, continue_token)?)
-        .await
+    client.request_text(page_request(request, page)?).await
 }
 
 /// A LIST body, undecoded, in the format the server chose.
@@ -288,10 +304,9 @@ impl ListBody {
 pub async fn fetch_page_either(
     client: &kube::Client,
     request: &kube::core::Request,
-    limit: u32,
-    continue_token: Option<&str>,
+    page: &PageAt<'_>,
 ) -> Result<ListBody, kube::Error> {
-    let mut req = page_request(request, limit, continue_token)?;
+    let mut req = page_request(request, page)?;
     req.headers_mut().insert(
         http::header::ACCEPT,
         http::HeaderValue::from_static(protobuf::ACCEPT),

@@ -3,8 +3,9 @@
 //! (`driver.rs`) only executes [`Machine::next_action`] and reports results.
 //!
 //! Rules (the failures behind them are in the crate documentation):
-//! - LIST is consistent (resourceVersion unset, never "0") and paginated; its
-//!   pages are applied as they come ([`ListDiffBuilder`](super::list::ListDiffBuilder)).
+//! - LIST is consistent (resourceVersion unset, never "0"; a resync's at
+//!   exactly the store's high-water mark) and paginated; its pages are
+//!   applied as they come ([`ListDiffBuilder`](super::list::ListDiffBuilder)).
 //! - WATCH starts from the list's RV; bookmarks and events advance the resume
 //!   point, which never goes backwards, except when a consistent list shows
 //!   the store itself was rewound ([`Machine::rewind_to`]).
@@ -67,13 +68,18 @@ pub enum Phase {
 /// What the driver must do next.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
-    /// A consistent LIST page: resourceVersion unset (there is no field for
-    /// it on purpose), `continue_token` for pages after the first.
+    /// A consistent LIST page: resourceVersion unset, or for the first page
+    /// of a resync exactly the store's high-water mark (`exact_rv`, set by
+    /// the core: see `WatchCore::next_step`); `continue_token` for pages
+    /// after the first.
     List {
         /// `None` for the first page.
         continue_token: Option<String>,
         /// Page size.
         limit: u32,
+        /// `resourceVersion` with `resourceVersionMatch=Exact`, for the
+        /// first page of a resync only. The machine never sets it.
+        exact_rv: Option<String>,
     },
     /// WATCH from `resource_version` with bookmarks.
     Watch {
@@ -470,10 +476,12 @@ fn action_for(phase: &Phase, limit: u32) -> Action {
         Phase::Listing { continue_token } => Action::List {
             continue_token: continue_token.clone(),
             limit,
+            exact_rv: None,
         },
         Phase::Relisting { .. } => Action::List {
             continue_token: None,
             limit,
+            exact_rv: None,
         },
         Phase::Watching { resume_rv } => Action::Watch {
             resource_version: resume_rv.clone(),

@@ -24,7 +24,8 @@ fn starts_with_a_consistent_first_page() {
         m.next_action(),
         Action::List {
             continue_token: None,
-            limit: 500
+            limit: 500,
+            exact_rv: None,
         }
     );
 }
@@ -39,7 +40,8 @@ fn pages_follow_continue_tokens_and_the_list_completes_at_its_first_rv() {
         m.next_action(),
         Action::List {
             continue_token: Some("c1".into()),
-            limit: 500
+            limit: 500,
+            exact_rv: None,
         }
     );
     // All pages belong to the first page's snapshot.
@@ -70,7 +72,8 @@ fn expired_continue_token_restarts_the_list_from_scratch() {
         m.next_action(),
         Action::List {
             continue_token: None,
-            limit: 500
+            limit: 500,
+            exact_rv: None,
         }
     );
     // The new list stands alone: its RV is its own first page's.
@@ -136,7 +139,8 @@ fn list_errors_back_off_then_relist_from_scratch() {
         m.next_action(),
         Action::List {
             continue_token: None,
-            limit: 500
+            limit: 500,
+            exact_rv: None,
         }
     );
 }
@@ -180,7 +184,8 @@ fn error_events_relist_and_repeated_ones_back_off() {
         m.next_action(),
         Action::List {
             continue_token: None,
-            limit: 500
+            limit: 500,
+            exact_rv: None,
         }
     );
     watching(&mut m, "200");

@@ -9,7 +9,7 @@ use super::cache::{Change, DeletionSource, Outcome, StaleReason, WatchEventKind:
 use super::core::Step;
 use super::machine::{Action, Phase, RestartReason};
 use super::object::LiveRead;
-use super::testkit::{Harness, apply_list, key, obj};
+use super::testkit::{Harness, Logged, apply_list, key, logged, obj};
 
 fn api_error(code: u16, reason: &str) -> kube::Error {
     kube::Error::Api(
@@ -21,6 +21,16 @@ fn api_error(code: u16, reason: &str) -> kube::Error {
 
 fn connect_error() -> kube::Error {
     kube::Error::Service("connection refused".into())
+}
+
+/// The one "the store was rewound" line among `events`.
+fn rewind_line(events: &[Logged]) -> &Logged {
+    let lines: Vec<&Logged> = events
+        .iter()
+        .filter(|e| e.message.starts_with("the store was rewound"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{events:?}");
+    lines[0]
 }
 
 /// 1. A DELETE (or any event) whose RV is older than the cached object's →
@@ -181,11 +191,13 @@ fn case6_lost_delete_found_by_resync_and_confirmed() {
         "200",
     );
     h.event(Modified, obj("a", "ua", "300"));
-    // The watch cache dropped ghost's DELETE (kubernetes#123072). Resync:
+    // The watch cache dropped ghost's DELETE (kubernetes#123072). Resync,
+    // exactly at the store's mark: the API server that knows its cache is
+    // inconsistent answers from etcd, where ghost is gone.
     let (reply, _answer) = tokio::sync::oneshot::channel();
     h.core.on_request(super::store::Request::Resync(reply));
-    h.expect_list(None);
-    h.page(vec![obj("a", "ua", "300")], None, "400");
+    h.expect_resync_list("300");
+    h.page(vec![obj("a", "ua", "300")], None, "300");
     assert_eq!(h.deletion_candidates(), vec![key("ghost")]);
     h.expect_watch("300");
     // The reconciler's live read: 404 → confirm.
@@ -206,6 +218,43 @@ fn case6_lost_delete_found_by_resync_and_confirmed() {
     assert!(h.store.get(&key("ghost")).is_none());
 }
 
+/// 6c. Only a resync's first page asks for a resourceVersion, exactly the
+///     store's mark: never a continue page, never the first list or a
+///     relist after a watch error; a refusal holds for the rest of that
+///     resync only.
+#[test]
+fn resync_lists_ask_for_the_stores_mark_exactly() {
+    let mut h = Harness::synced_with(vec![obj("a", "ua", "100")], "200");
+    h.event(Modified, obj("a", "ua", "250"));
+    let resync = |h: &mut Harness| {
+        let (reply, _answer) = tokio::sync::oneshot::channel();
+        h.core.on_request(super::store::Request::Resync(reply));
+    };
+    resync(&mut h);
+    h.expect_resync_list("250");
+    h.page(vec![], Some("c1"), "250");
+    h.expect_list(Some("c1"));
+    h.page(vec![obj("a", "ua", "250")], None, "250");
+    h.expect_watch("250");
+    // Refused: the same resync lists the latest state; the next one asks
+    // for the mark again.
+    resync(&mut h);
+    h.expect_resync_list("250");
+    h.core.on_list_page(Err(api_error(410, "Expired")));
+    assert!(matches!(h.step(), Step::Act(Action::Backoff(_))));
+    h.core.on_backoff_elapsed();
+    h.expect_list(None);
+    h.page(vec![obj("a", "ua", "250")], None, "260");
+    h.expect_watch("250");
+    resync(&mut h);
+    h.expect_resync_list("260");
+    h.page(vec![obj("a", "ua", "250")], None, "260");
+    h.expect_watch("250");
+    // A watch error's relist is a recovery: the latest state.
+    h.error_event(410, "Expired");
+    h.expect_list(None);
+}
+
 /// 6b. The periodic resync (a resync request): the watch resumes from before
 ///     the list, so the events the list overtook arrive, explain the
 ///     differences they cause (no drift), and are not reported as stale;
@@ -223,6 +272,12 @@ fn case6_resync_tells_watch_lag_from_drift() {
     h.event(Modified, obj("a", "ua", "250"));
     let (reply, mut answer) = tokio::sync::oneshot::channel();
     assert!(h.core.on_request(super::store::Request::Resync(reply)));
+    // The exact list is refused (another API server behind the same
+    // address, behind this one): the resync lists the latest state.
+    h.expect_resync_list("250");
+    h.core.on_list_page(Err(api_error(504, "Timeout")));
+    assert!(matches!(h.step(), Step::Act(Action::Backoff(_))));
+    h.core.on_backoff_elapsed();
     h.expect_list(None);
     // At 400: b deleted at 300 (DELETE in flight), c's DELETE at 280 lost,
     // d created at 350 (ADDED in flight).
@@ -269,7 +324,8 @@ fn case7_lists_are_consistent() {
             step,
             Step::Act(Action::List {
                 continue_token: None,
-                limit: 500
+                limit: 500,
+                exact_rv: None,
             })
         );
     }
@@ -399,9 +455,19 @@ fn case9_plain_restore_rewinds_to_the_list() {
     h.take_changes();
     let (reply, _answer) = tokio::sync::oneshot::channel();
     h.core.on_request(super::store::Request::Resync(reply));
+    // Exactly at 5100 is a revision the restored store has not reached: the
+    // API server times out on it, and the resync lists the latest state.
+    h.expect_resync_list("5100");
+    h.core.on_list_page(Err(api_error(504, "Timeout")));
+    assert!(matches!(h.step(), Step::Act(Action::Backoff(_))));
+    h.core.on_backoff_elapsed();
     h.expect_list(None);
-    h.page(vec![obj("a", "ua", "100")], Some("c1"), "130");
+    let ((), events) = logged(|| h.page(vec![obj("a", "ua", "100")], Some("c1"), "130"));
     assert_eq!(h.count("store_rewind"), 1);
+    // The log line shows the evidence: the store went back from 5100 to 130.
+    let line = rewind_line(&events);
+    assert_eq!(line.fields["list_rv"], "130");
+    assert_eq!(line.fields["known_rv"], "5100");
     assert!(
         !h.store.is_synced(),
         "not ready while the cache starts over"
@@ -446,9 +512,14 @@ fn case9_bump_revision_restore_is_confirmed_by_a_live_read() {
         "disputed: not applied"
     );
     h.expect_read("a");
-    h.read(LiveRead::Found(obj("a", "ua", "100")));
+    let ((), events) = logged(|| h.read(LiveRead::Found(obj("a", "ua", "100"))));
     assert_eq!(h.count("store_rewind"), 1);
     assert_eq!(h.restarts(RestartReason::StoreRewound), 1);
+    // The list's RV is above anything known; the evidence is the object,
+    // and the log line shows what the store held before the list.
+    let line = rewind_line(&events);
+    assert_eq!(line.fields["list_rv"], "1000200");
+    assert_eq!(line.fields["known_rv"], "5000");
     h.expect_list(None);
     h.page(
         vec![obj("a", "ua", "100"), obj("b", "ub", "110")],

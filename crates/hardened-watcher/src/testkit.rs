@@ -2,7 +2,7 @@
 //! path applied in a single call, and a harness around the very
 //! [`WatchCore`] the driver runs.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -194,12 +194,22 @@ impl Harness {
     }
 
     pub fn expect_list(&mut self, token: Option<&str>) {
+        self.expect_list_at(token, None);
+    }
+
+    /// A resync's first page, exactly at `rv` (the store's high-water mark).
+    pub fn expect_resync_list(&mut self, rv: &str) {
+        self.expect_list_at(None, Some(rv));
+    }
+
+    fn expect_list_at(&mut self, token: Option<&str>, exact_rv: Option<&str>) {
         let step = self.step();
         assert_eq!(
             step,
             Step::Act(Action::List {
                 continue_token: token.map(str::to_owned),
-                limit: 500
+                limit: 500,
+                exact_rv: exact_rv.map(str::to_owned),
             }),
             "phase: {:?}",
             self.core.machine().phase()
@@ -316,4 +326,59 @@ impl Harness {
     pub fn data(&self, name: &str) -> Option<String> {
         self.store.get(&key(name)).map(|o| o.data.clone())
     }
+}
+
+/// One event logged through `tracing`: its message and its other fields,
+/// each as the log line shows it.
+#[derive(Clone, Debug, Default)]
+pub struct Logged {
+    pub message: String,
+    pub fields: BTreeMap<&'static str, String>,
+}
+
+impl tracing::field::Visit for Logged {
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.record(field, value.to_owned());
+    }
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.record(field, format!("{value:?}"));
+    }
+}
+
+impl Logged {
+    fn record(&mut self, field: &tracing::field::Field, value: String) {
+        if field.name() == "message" {
+            self.message = value;
+        } else {
+            self.fields.insert(field.name(), value);
+        }
+    }
+}
+
+/// A `tracing` layer that keeps every event.
+struct Recorder(Arc<Mutex<Vec<Logged>>>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Recorder {
+    fn on_event(
+        &self,
+        event: &tracing::Event<'_>,
+        _ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        let mut logged = Logged::default();
+        event.record(&mut logged);
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(logged);
+    }
+}
+
+/// Runs `f` with a subscriber on this thread that records what it logs.
+pub fn logged<R>(f: impl FnOnce() -> R) -> (R, Vec<Logged>) {
+    use tracing_subscriber::layer::SubscriberExt;
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let subscriber = tracing_subscriber::registry().with(Recorder(events.clone()));
+    let result = tracing::subscriber::with_default(subscriber, f);
+    let events = std::mem::take(&mut *events.lock().unwrap_or_else(PoisonError::into_inner));
+    (result, events)
 }

@@ -2,7 +2,7 @@
 //! use as a dependency of another chart with `global` values, the image by
 //! digest, kustomize over deploy/, scheduling and disruption defaults, the
 //! `helm test` hook, the ServiceMonitor's fields, the alerts' switches, labels
-//! and runbook, Go durations in the values, /metrics over HTTPS by default and
+//! and runbook links, Go durations in the values, /metrics over HTTPS by default and
 //! the opt-in NetworkPolicy.
 
 use super::*;
@@ -12,24 +12,29 @@ fn chart_yaml() -> Result<Value> {
     Ok(serde_yaml::from_str(&text)?)
 }
 
+/// Chart.yaml carries what is true and nothing else: no home, sources,
+/// icon or maintainer, since the project owns no address to give for them
+/// (tests/e2e/addresses.rs checks every file for addresses).
 #[test]
 fn chart_metadata_is_complete_and_packages() -> Result<()> {
     let chart = chart_yaml()?;
-    for key in ["sources", "maintainers"] {
+    for key in ["description", "kubeVersion"] {
+        assert!(chart[key].as_str().is_some(), "Chart.yaml without {key}");
+    }
+    for key in ["home", "sources", "icon", "maintainers"] {
         assert!(
-            chart[key].as_sequence().is_some_and(|s| !s.is_empty()),
+            chart[key].is_null(),
+            "Chart.yaml has {key}: {:?}",
+            chart[key]
+        );
+    }
+    let annotations = &chart["annotations"];
+    for key in ["artifacthub.io/license", "artifacthub.io/category"] {
+        assert!(
+            annotations[key].as_str().is_some(),
             "Chart.yaml without {key}"
         );
     }
-    for key in ["icon", "kubeVersion", "home"] {
-        assert!(chart[key].as_str().is_some(), "Chart.yaml without {key}");
-    }
-    assert!(
-        chart["annotations"]
-            .as_mapping()
-            .is_some_and(|a| !a.is_empty()),
-        "Chart.yaml without annotations"
-    );
     let version = chart["version"].as_str().context("version")?;
     let app_version = chart["appVersion"].as_str().context("appVersion")?;
     assert_ne!(
@@ -43,6 +48,15 @@ fn chart_metadata_is_complete_and_packages() -> Result<()> {
         .arg(dir.path()))?;
     let package = dir.path().join(format!("endpoints-guard-{version}.tgz"));
     assert!(package.is_file(), "no {}", package.display());
+    // Who has only the package has the README and the runbook.
+    let readme = std::fs::read_to_string(root().join(CHART).join("README.md"))?;
+    let shown = stdout(Command::new(helm()).args(["show", "readme"]).arg(&package))?;
+    assert_eq!(shown.trim_end(), readme.trim_end());
+    let listing = stdout(Command::new("tar").arg("-tzf").arg(&package))?;
+    assert!(
+        listing.lines().any(|l| l == "endpoints-guard/runbook.md"),
+        "{listing}"
+    );
     // The package renders like the folder.
     let from_package = stdout(
         Command::new(helm())
@@ -281,14 +295,23 @@ fn the_helm_test_hook_is_a_restricted_pod_of_the_same_image() -> Result<()> {
     assert!(args.contains(&"--service=endpoints-guard-metrics".to_string()));
     assert!(
         args.contains(&"--any-writer".to_string()),
-        "audit mode (the default): upstream writes them"
+        "opt-in scope (the default): upstream writes them"
     );
     let mut argv = vec!["endpoints-guard".to_string()];
     argv.extend(args);
     <Config as clap::Parser>::try_parse_from(&argv)?;
-    let enforce = documents(&template(&["mode=enforce"])?)?;
-    let args = strings(&find(&enforce, "Pod")?["spec"]["containers"][0]["args"]);
-    assert!(!args.contains(&"--any-writer".to_string()), "{args:?}");
+    for (values, any_writer) in [
+        (&["scope=all", "mode=enforce"][..], false),
+        (&["scope=all", "mode=audit"][..], true),
+    ] {
+        let docs = documents(&template(values)?)?;
+        let args = strings(&find(&docs, "Pod")?["spec"]["containers"][0]["args"]);
+        assert_eq!(
+            args.contains(&"--any-writer".to_string()),
+            any_writer,
+            "{values:?}: {args:?}"
+        );
+    }
     // Its ServiceAccount, Role and RoleBinding are hooks too: none without tests.
     let hooks: Vec<&str> = docs
         .iter()
@@ -356,11 +379,13 @@ fn rule_list(sets: &[&str]) -> Result<Vec<Value>> {
         .unwrap_or_default())
 }
 
-/// Every alert links its section of docs/runbook.md, takes the additional
+/// Every alert has a section of the runbook the chart carries, a summary and
+/// a description, and a `runbook_url` to its section only where the
+/// operator says where the runbook is hosted; it takes the additional
 /// labels, can be turned off alone, and selects no `job`.
 #[test]
 fn alerts_have_runbooks_labels_and_one_switch_each() -> Result<()> {
-    let runbook = std::fs::read_to_string(root().join("docs/runbook.md"))?;
+    let runbook = std::fs::read_to_string(root().join(CHART).join("runbook.md"))?;
     let rules = rule_list(&["prometheusRule.additionalLabels.team=net"])?;
     let names: Vec<String> = rules
         .iter()
@@ -369,23 +394,40 @@ fn alerts_have_runbooks_labels_and_one_switch_each() -> Result<()> {
     assert_eq!(names.len(), 7, "{names:?}");
     for rule in &rules {
         let name = rule["alert"].as_str().context("alert")?;
-        let url = rule["annotations"]["runbook_url"]
-            .as_str()
-            .with_context(|| format!("{name} without runbook_url"))?;
-        let anchor = url
-            .strip_prefix(
-                "https://github.com/endpoints-guard/endpoints-guard/blob/main/docs/runbook.md#",
-            )
-            .with_context(|| format!("{name}: {url}"))?;
-        assert_eq!(anchor, name.to_lowercase());
+        let annotations = &rule["annotations"];
+        assert!(
+            annotations["runbook_url"].is_null(),
+            "{name}: a runbook_url nobody gave: {annotations:?}"
+        );
+        for key in ["summary", "description"] {
+            assert!(
+                annotations[key].as_str().is_some_and(|t| !t.is_empty()),
+                "{name} without {key}"
+            );
+        }
         assert!(
             runbook.lines().any(|l| l == format!("## {name}")),
-            "docs/runbook.md has no section {name}"
+            "the chart's runbook.md has no section {name}"
         );
         assert_eq!(rule["labels"]["team"].as_str(), Some("net"), "{name}");
         let expr = rule["expr"].as_str().context("expr")?;
         assert!(!expr.contains("job="), "{name} depends on job: {expr}");
     }
+    let hosted = "https://runbooks.example.com/endpoints-guard.md";
+    let linked = rule_list(&[&format!("prometheusRule.runbookUrl={hosted}")])?;
+    assert_eq!(linked.len(), names.len());
+    for rule in &linked {
+        let name = rule["alert"].as_str().context("alert")?;
+        assert_eq!(
+            rule["annotations"]["runbook_url"].as_str(),
+            Some(format!("{hosted}#{}", name.to_lowercase()).as_str()),
+            "{name}"
+        );
+    }
+    assert!(
+        template(&["prometheusRule.runbookUrl=runbooks.example.com"]).is_err(),
+        "a runbookUrl that is no http(s) address"
+    );
     for name in &names {
         let rest = rule_list(&[&format!("prometheusRule.disabled.{name}=true")])?;
         let left: Vec<&str> = rest.iter().filter_map(|r| r["alert"].as_str()).collect();

@@ -106,7 +106,7 @@ async fn rbac_matches_upstreams_bootstrap_roles_rule_by_rule() -> Result<()> {
             upstream.len() > 5,
             "upstream's roles read as almost empty: {upstream:?}"
         );
-        let chart = chart_grants(&[controllers])?;
+        let chart = chart_grants(&["scope=all", controllers])?;
         let found = differences(&chart, &upstream);
         eprintln!(
             "{controllers}: upstream's {upstream_roles:?} grant {:?}; differences: {found:?}",

@@ -649,7 +649,12 @@ async fn create_namespace(client: &Client, name: &str) -> Result<()> {
         "metadata": {"name": name, "labels": {
             "pod-security.kubernetes.io/enforce": "restricted"}}
     }))?;
-    namespaces.create(&PostParams::default(), &ns).await?;
+    // The system namespace outlives `helm uninstall`: a second install
+    // (the opt-in rows) finds it.
+    match namespaces.create(&PostParams::default(), &ns).await {
+        Err(kube::Error::Api(status)) if status.code == 409 => {}
+        created => drop(created?),
+    }
     // The ServiceAccount controller makes `default` before pods may start.
     let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
         Api::namespaced(client.clone(), name);

@@ -300,11 +300,28 @@ async fn scenario(
             let (pod, ip) = some_ready_pod(&pair.web)?;
             let pods: Api<Pod> = Api::namespaced(run.client.clone(), TEST_NS);
             pods.delete(&pod, &DeleteParams::default()).await?;
+            // Until endpoints-guard drops it from web, then up to 30 s for
+            // kube-controller-manager to drop it from web-plain.
             let deadline = Instant::now() + Duration::from_secs(60);
             while pair.web.now().0.contains(&ip) && Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
-            Ok(format!("{pod} deleted unseen by every watch"))
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while pair.plain.now().0.contains(&ip) && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            let left = |watch: &ServiceWatch| {
+                if watch.now().0.contains(&ip) {
+                    "still published"
+                } else {
+                    "gone"
+                }
+            };
+            Ok(format!(
+                "{pod} deleted unseen by every watch; its address: {} from web, {} from web-plain",
+                left(&pair.web),
+                left(&pair.plain)
+            ))
         }
         "rolling update" => {
             let patch = json!({"spec": {"template": {"metadata": {"annotations": {

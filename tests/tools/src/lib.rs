@@ -2,10 +2,12 @@
 //! `make demo` and `make conformance` run on the local control plane of
 //! [`eg_harness`]: generated workloads, the watch-chaos proxy and the
 //! independent watches that judge a run, resource sampling, reports, a
-//! Prometheus scraping the chart's rules, and a real one-node cluster.
+//! Prometheus scraping the chart's rules, and a real one-node cluster; and
+//! the chart's generated documents (`make chart-readme`).
 
 pub mod bench;
 pub mod chaos;
+pub mod chart_docs;
 pub mod conformance;
 pub mod metrics;
 pub mod node;
