@@ -1,16 +1,21 @@
-//! What one reconcile of a Service key does about the Service as a whole,
-//! decided from what it observed: whether its objects are ours to touch at
-//! all, whether a live read must come before anything is removed, what is
-//! removed, and when content is reconciled. Pure (no client, no clock), so
-//! that every rule of scope, ownership and the guard has a unit test without
-//! a server; the reconciles (`sync.rs`, `slice_sync.rs`) gather an
-//! [`Observed`], act on the [`Decision`], and come back with the live read
-//! one asks for. What the content should be is `crate::desired`'s.
+//! What one reconcile of a Service key does, decided from what it observed
+//! and read: whether the Service's objects are ours to touch at all, whether
+//! a live read must come before anything is removed, what is removed, when
+//! content is reconciled ([`decide`]); and, within the content, which pods
+//! and Nodes the cache lost must be read live before the endpoints on them
+//! go, and what each read means ([`pods_to_confirm`], [`pod_verdict`],
+//! [`nodes_to_confirm`]). Pure (no client, no clock), so that every rule of
+//! scope, ownership and the guard has a unit test without a server; the
+//! reconciles (`sync.rs`, `slice_sync.rs`) gather what they observe, make the
+//! reads asked for (`guard.rs`), and act. What the content should be is
+//! `crate::desired`'s.
 
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::Duration;
 
 use crate::config::Controller;
 use crate::desired::scope::{EndpointsRole, Handling, Invalid, Managed, Managers, Scope};
+use crate::desired::{self, PodInfo};
 use crate::reconcile::kinds::CachedService;
 
 /// Which managed-by values the objects that exist for a Service carry: for
@@ -187,6 +192,88 @@ fn slices<'a>(o: &Observed<'a>, managed: Managed<'a>) -> Decision<'a> {
     } else {
         Decision::Reconcile(managed)
     }
+}
+
+/// A pod an address or endpoint of ours names: its name and incarnation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NamedPod<'a> {
+    pub name: &'a str,
+    pub uid: &'a str,
+}
+
+/// The pods our objects name that the selection lacks because the cache
+/// took them for deleted: its tombstone for the name holds the same
+/// incarnation (`tombstoned` gives the UID of the name's tombstone, if any).
+/// Each must be read live before its address goes; each once, in order. A
+/// pod the cache lost another way (a new incarnation, no tombstone) or never
+/// had is not: nothing says it still exists.
+pub fn pods_to_confirm<'a>(
+    named: impl IntoIterator<Item = NamedPod<'a>>,
+    selected: &HashSet<&str>,
+    tombstoned: impl Fn(&str) -> Option<String>,
+) -> Vec<NamedPod<'a>> {
+    let mut out: Vec<NamedPod<'a>> = Vec::new();
+    for pod in named {
+        if selected.contains(pod.name) || out.iter().any(|p| p.name == pod.name) {
+            continue;
+        }
+        if tombstoned(pod.name).as_deref() == Some(pod.uid) {
+            out.push(pod);
+        }
+    }
+    out
+}
+
+/// What a live read of a pod the cache took for deleted means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PodVerdict {
+    /// The same pod, still selected: it goes back into the cache and its
+    /// address stays (the watch's DELETE was wrong).
+    Keep,
+    /// The same pod, no longer selected: back into the cache; its address
+    /// follows the selection.
+    Unselected,
+    /// Gone, or another pod of the same name: the deletion is confirmed.
+    Gone,
+}
+
+/// The verdict on pod `uid` from a live read that found `found` (`None`:
+/// gone).
+pub fn pod_verdict(
+    found: Option<&PodInfo>,
+    uid: &str,
+    selector: &BTreeMap<String, String>,
+) -> PodVerdict {
+    match found {
+        Some(pod) if pod.uid() == uid => {
+            if desired::selector_matches(selector, pod) {
+                PodVerdict::Keep
+            } else {
+                PodVerdict::Unselected
+            }
+        }
+        _ => PodVerdict::Gone,
+    }
+}
+
+/// The Nodes, unknown to the cache (`unknown_pods`: the pods the desired
+/// slices left out for it), of pods whose endpoints the current slices
+/// publish (`published`): leaving those pods out would remove endpoints on
+/// the cache's word, so each Node is read live first. A Node a read finds
+/// goes back into the cache; one gone is left out, as upstream leaves it.
+pub fn nodes_to_confirm<'a>(
+    unknown_pods: &BTreeSet<&str>,
+    published: &BTreeSet<&str>,
+    pods: impl IntoIterator<Item = &'a PodInfo>,
+) -> Vec<String> {
+    let nodes: BTreeSet<String> = pods
+        .into_iter()
+        .filter(|p| unknown_pods.contains(p.name()) && published.contains(p.name()))
+        .filter_map(|p| p.node_name())
+        .filter(|n| !n.is_empty())
+        .map(str::to_owned)
+        .collect();
+    nodes.into_iter().collect()
 }
 
 #[cfg(test)]

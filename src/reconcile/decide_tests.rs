@@ -2,6 +2,7 @@
 //! ownership by managed-by, and the live read that comes before any
 //! removal.
 
+use std::collections::{BTreeSet, HashSet};
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -347,4 +348,91 @@ fn endpoints_turned_off_remove_only_what_upstream_or_we_left() {
     }
     let o = observed(Scope::OptIn, Controller::Endpointslices, Some(&svc), OWN);
     assert!(reconciles(decide(&o)), "its slices are still written");
+}
+
+fn named<'a>(name: &'a str, uid: &'a str) -> NamedPod<'a> {
+    NamedPod { name, uid }
+}
+
+fn pod_info(name: &str, uid: &str, app: &str, node: Option<&str>) -> PodInfo {
+    crate::desired::PodFields {
+        namespace: "ns".into(),
+        name: name.into(),
+        uid: uid.into(),
+        resource_version: "1".into(),
+        labels: std::collections::BTreeMap::from([("app".to_string(), app.to_string())]),
+        node_name: node.map(str::to_owned),
+        ..crate::desired::PodFields::default()
+    }
+    .pack()
+}
+
+/// A pod our objects name is read live before its address goes only when
+/// the cache lost it through a DELETE of that same incarnation; once, and
+/// never when the selection still has it.
+#[test]
+fn pods_are_read_before_their_addresses_go_only_after_a_watch_delete() {
+    let selected = HashSet::from(["a"]);
+    let tombstones = |name: &str| match name {
+        "b" => Some("b-1".to_string()),
+        "c" => Some("c-old".to_string()),
+        "a" => Some("a-1".to_string()),
+        _ => None,
+    };
+    let out = pods_to_confirm(
+        [
+            named("a", "a-1"),
+            named("b", "b-1"),
+            named("b", "b-1"),
+            named("c", "c-2"),
+            named("d", "d-1"),
+        ],
+        &selected,
+        tombstones,
+    );
+    assert_eq!(
+        out,
+        [named("b", "b-1")],
+        "selected (a), another incarnation's tombstone (c), no tombstone (d): no read"
+    );
+}
+
+#[test]
+fn a_pod_read_keeps_its_address_only_for_the_same_selected_pod() {
+    let selector = std::collections::BTreeMap::from([("app".to_string(), "web".to_string())]);
+    let same = pod_info("b", "b-1", "web", None);
+    assert_eq!(pod_verdict(Some(&same), "b-1", &selector), PodVerdict::Keep);
+    let relabelled = pod_info("b", "b-1", "other", None);
+    assert_eq!(
+        pod_verdict(Some(&relabelled), "b-1", &selector),
+        PodVerdict::Unselected
+    );
+    let replaced = pod_info("b", "b-2", "web", None);
+    assert_eq!(
+        pod_verdict(Some(&replaced), "b-1", &selector),
+        PodVerdict::Gone,
+        "a new pod of the same name is not the one published"
+    );
+    assert_eq!(pod_verdict(None, "b-1", &selector), PodVerdict::Gone);
+}
+
+/// A Node the cache lacks is read live before the endpoints of its pods
+/// leave the slices, but only for pods the slices publish now: one never
+/// published is left out as upstream leaves it, without a read.
+#[test]
+fn nodes_are_read_only_for_published_pods_on_them() {
+    let pods = [
+        pod_info("a", "a-1", "web", Some("n1")),
+        pod_info("b", "b-1", "web", Some("n2")),
+        pod_info("c", "c-1", "web", Some("n2")),
+        pod_info("d", "d-1", "web", Some("")),
+        pod_info("e", "e-1", "web", Some("n3")),
+    ];
+    let unknown = BTreeSet::from(["a", "b", "c", "d"]);
+    let published = BTreeSet::from(["a", "c", "d", "e"]);
+    assert_eq!(
+        nodes_to_confirm(&unknown, &published, pods.iter()),
+        ["n1", "n2"],
+        "n3's pod is on a known Node; d has no Node; each Node once"
+    );
 }

@@ -14,11 +14,11 @@ use kube::runtime::events::{Event, EventType};
 use tracing::{info, warn};
 
 use super::Context;
-use super::decide::Read;
+use super::decide::{NamedPod, PodVerdict, Read, pod_verdict, pods_to_confirm};
 use super::kinds::{CachedNode, CachedService};
 use crate::config::Controller;
+use crate::desired::PodInfo;
 use crate::desired::scope::Handling;
-use crate::desired::{self, PodInfo};
 use crate::error::{Error, Result};
 use hardened_watcher::{Cached, Confirmation, DeletionSource, LiveRead, ObjectKey, live};
 
@@ -155,49 +155,47 @@ pub async fn hold_unconfirmed_pod_deletions<'r>(
     selector: &BTreeMap<String, String>,
     pods: &mut Vec<Arc<PodInfo>>,
 ) -> Result<()> {
-    let selected: HashSet<&str> = pods.iter().map(|p| p.name()).collect();
-    let mut suspects: Vec<(ObjectKey, String)> = Vec::new();
-    for target in referenced {
-        let (Some(name), Some(uid)) = (&target.name, &target.uid) else {
-            continue;
-        };
-        if selected.contains(name.as_str()) {
-            continue;
-        }
-        let key = ObjectKey::new(namespace, name.as_str());
+    let named = referenced.into_iter().filter_map(|target| {
+        Some(NamedPod {
+            name: target.name.as_deref()?,
+            uid: target.uid.as_deref()?,
+        })
+    });
+    let suspects = {
+        let selected: HashSet<&str> = pods.iter().map(|p| p.name()).collect();
         let cache = ctx.stores.pods.read();
-        let tombstoned_same_pod = cache
-            .tombstone(&key)
-            .is_some_and(|t| t.last_known.uid() == uid);
-        if tombstoned_same_pod && !suspects.iter().any(|(k, _)| k == &key) {
-            suspects.push((key, uid.clone()));
-        }
-    }
+        pods_to_confirm(named, &selected, |name| {
+            cache
+                .tombstone(&ObjectKey::new(namespace, name))
+                .map(|t| t.last_known.uid().to_owned())
+        })
+        .into_iter()
+        .map(|p| (ObjectKey::new(namespace, p.name), p.uid.to_owned()))
+        .collect::<Vec<_>>()
+    };
     let store = &ctx.stores.pods;
     for (key, uid) in suspects {
         let stamp = store.read_stamp();
         let read = live::get::<Pod>(&ctx.client, &(), &key)
             .await
             .map_err(|e| Error::kube("confirming a pod is gone", key.to_string(), e))?;
-        let still_there = match &read {
-            LiveRead::Found(pod) => PodInfo::from_pod(pod).filter(|p| p.uid() == uid),
+        let found = match &read {
+            LiveRead::Found(pod) => PodInfo::from_pod(pod),
             LiveRead::Gone => None,
         };
-        match still_there {
-            Some(info) => {
+        match (pod_verdict(found.as_ref(), &uid, selector), found) {
+            (verdict @ (PodVerdict::Keep | PodVerdict::Unselected), Some(info)) => {
                 ctx.metrics
                     .pod_deletions_held
                     .with_label_values(&[controller.metric_label()])
                     .inc();
                 info!(pod = %key, %controller, "pod still exists after a watch DELETE; keeping its address");
                 store.restore(info.clone(), &stamp);
-                if desired::selector_matches(selector, &info) {
+                if verdict == PodVerdict::Keep {
                     pods.push(Arc::new(info));
                 }
             }
-            // Gone, or replaced by another pod of the same name: this one is
-            // confirmed gone by the read.
-            None => {
+            _ => {
                 store.confirm_deleted(&key, &uid, Confirmation::LiveRead);
             }
         }

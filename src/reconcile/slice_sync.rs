@@ -19,7 +19,7 @@ use kube::Api;
 use kube::api::{DeleteParams, PostParams, Preconditions};
 use tracing::{debug, info, warn};
 
-use super::decide::{Decision, Existing, Idle, Observed, Removal, decide};
+use super::decide::{Decision, Existing, Idle, Observed, Removal, decide, nodes_to_confirm};
 use super::guard;
 use super::kinds::{CachedService, CachedSlice, slice_pod_refs};
 use super::latency::WriteTimer;
@@ -181,8 +181,7 @@ fn desire(
 }
 
 /// The Nodes, unknown to the cache, of pods whose endpoints the current
-/// slices hold: leaving those pods out would remove endpoints on the cache's
-/// word, so the Nodes are read live first.
+/// slices hold ([`nodes_to_confirm`]).
 fn nodes_at_stake(
     wanted: &DesiredSlices,
     pods: &[&PodInfo],
@@ -201,14 +200,7 @@ fn nodes_at_stake(
         .iter()
         .map(String::as_str)
         .collect();
-    let nodes: BTreeSet<String> = pods
-        .iter()
-        .filter(|p| unknown.contains(p.name()) && published.contains(p.name()))
-        .filter_map(|p| p.node_name())
-        .filter(|n| !n.is_empty())
-        .map(str::to_owned)
-        .collect();
-    nodes.into_iter().collect()
+    nodes_to_confirm(&unknown, &published, pods.iter().copied())
 }
 
 /// The managed-by value to plan with. In audit mode beside the upstream

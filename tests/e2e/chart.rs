@@ -324,6 +324,72 @@ fn uninstall_is_checked_in_opt_in_scope() -> Result<()> {
     Ok(())
 }
 
+/// `apiServer.host`/`port` give every pod of the chart a direct address of
+/// the API server, in the variables in-cluster clients read; unset, none of
+/// them carries it (the `kubernetes` Service's, which the kubelet sets).
+#[test]
+fn a_direct_api_server_address_reaches_every_container() -> Result<()> {
+    let env_of = |container: &Value| -> Vec<(String, String)> {
+        container["env"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .filter_map(|e| {
+                let name = e["name"].as_str()?;
+                name.starts_with("KUBERNETES_SERVICE_").then(|| {
+                    (
+                        name.to_string(),
+                        e["value"].as_str().unwrap_or_default().to_string(),
+                    )
+                })
+            })
+            .collect()
+    };
+    let containers = |docs: &[Value]| -> Vec<Value> {
+        docs.iter()
+            .flat_map(|d| {
+                let spec = match d["kind"].as_str() {
+                    Some("Deployment") | Some("Job") => &d["spec"]["template"]["spec"],
+                    Some("Pod") => &d["spec"],
+                    _ => return Vec::new(),
+                };
+                spec["containers"]
+                    .as_sequence()
+                    .cloned()
+                    .unwrap_or_default()
+            })
+            .collect()
+    };
+    let direct = documents(&template(&[
+        "apiServer.host=10.1.2.3",
+        "apiServer.port=8443",
+        "chaos.enabled=true",
+    ])?)?;
+    let all = containers(&direct);
+    // The controller, the watch-chaos sidecar, the uninstall check, the test.
+    assert_eq!(all.len(), 4, "{all:?}");
+    for container in &all {
+        assert_eq!(
+            env_of(container),
+            [
+                (
+                    "KUBERNETES_SERVICE_HOST".to_string(),
+                    "10.1.2.3".to_string()
+                ),
+                ("KUBERNETES_SERVICE_PORT".to_string(), "8443".to_string()),
+            ],
+            "{}",
+            container["name"].as_str().unwrap_or_default()
+        );
+    }
+    let default = documents(&template(&["chaos.enabled=true"])?)?;
+    for container in containers(&default) {
+        assert!(env_of(&container).is_empty(), "{container:?}");
+    }
+    assert!(template(&["apiServer.host=a b"]).is_err());
+    Ok(())
+}
+
 #[test]
 fn kind_config_disables_the_upstream_endpoints_controller() -> Result<()> {
     let text = stdout(Command::new("bash").args(["hack/e2e-kind.sh", "kind-config"]))?;

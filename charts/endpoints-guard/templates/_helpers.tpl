@@ -105,3 +105,16 @@ or
 {{- end }}
 {{- floor $total | int64 }}
 {{- end }}
+
+{{/*
+The API server's direct address (apiServer.host/port), as the environment
+in-cluster clients read it; nothing when unset (the `kubernetes` Service).
+*/}}
+{{- define "endpoints-guard.apiServerEnv" -}}
+{{- with .Values.apiServer.host }}
+- name: KUBERNETES_SERVICE_HOST
+  value: {{ . | quote }}
+- name: KUBERNETES_SERVICE_PORT
+  value: {{ $.Values.apiServer.port | quote }}
+{{- end }}
+{{- end }}

@@ -48,6 +48,8 @@ pub struct Env {
     pub guard_args: Vec<&'static str>,
     /// The independent watches that count spurious deletions.
     pub observer: Option<Observer>,
+    /// A second API server on the same etcd, where a row starts one.
+    pub second: Option<eg_harness::SecondApiserver>,
 }
 
 impl Env {
@@ -77,6 +79,7 @@ impl Env {
             kcm_args: Vec::new(),
             guard_args: Vec::new(),
             observer: None,
+            second: None,
         })
     }
 

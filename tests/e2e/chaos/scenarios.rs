@@ -181,6 +181,7 @@ pub async fn scenario(name: &str, env: &mut Env) -> Result<(Instant, Expected)> 
         "etcd-restore-plain" => store_faults::etcd_restore(env, Restore::Plain).await,
         "etcd-restore-bump-revision" => store_faults::etcd_restore(env, Restore::Bumped).await,
         "watch-cache-lost-pod-delete" => store_faults::watch_cache_lost_pod_delete(env).await,
+        super::TWO_API_SERVERS => store_faults::lost_in_one_of_two_watch_caches(env).await,
         // Longer than upstream's retry budget (15 retries from 5 ms: ~164 s).
         "endpoints-writes-denied-past-retries" => {
             store_faults::writes_denied_longer_than_retries(env, Duration::from_secs(170)).await
@@ -263,6 +264,10 @@ pub fn note(name: &str) -> (&'static str, &'static str) {
         ),
         "watch-cache-lost-pod-delete" => (
             "the deleted pod stays in kube-apiserver's watch cache, so in every watch and LIST; its IP stays in the Endpoints",
+            "the DELETE reached the controller another way",
+        ),
+        super::TWO_API_SERVERS => (
+            "the deleted pod stays in the watch cache of the API server the controller talks to, in its every watch and consistent LIST; its IP stays in the Endpoints",
             "the DELETE reached the controller another way",
         ),
         "endpoints-writes-denied-past-retries" => (

@@ -7,6 +7,9 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use eg_harness::EtcdBackup;
 use eg_tools::chaos::Expected;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::ListParams;
 use serde_json::json;
 
 use super::NS;
@@ -83,6 +86,43 @@ pub async fn watch_cache_lost_pod_delete(env: &mut Env) -> Result<(Instant, Expe
     let fault = Instant::now();
     env.cp.force_delete_pod(NS, "a-1").await?;
     Ok((fault, Expected::default().service("a", &["10.1.0.1"])))
+}
+
+/// Two API servers on one etcd, each with its own watch cache; the
+/// controller talks to the first, behind etcd-fault-proxy, whose cache loses
+/// a pod's DELETE; the second has it right. endpoints-guard runs with the
+/// ghost scan off and its default resync: what finds the ghost is the
+/// resync's exact-RV list, which the first API server serves from etcd once
+/// its own consistency check failed (the bound at any size).
+pub async fn lost_in_one_of_two_watch_caches(env: &mut Env) -> Result<(Instant, Expected)> {
+    env.second = Some(env.cp.start_second_apiserver().await?);
+    env.guard_args
+        .extend(["--ghost-scan-qps=0", "--resync-interval=2m"]);
+    let (fault, expected) = watch_cache_lost_pod_delete(env).await?;
+    // The ghost is the first API server's alone.
+    let listed = |client: kube::Client| async move {
+        let pods: Api<Pod> = Api::namespaced(client, NS);
+        anyhow::Ok(
+            pods.list(&ListParams::default())
+                .await?
+                .items
+                .iter()
+                .any(|p| p.metadata.name.as_deref() == Some("a-1")),
+        )
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let second = env.second.as_ref().map(|s| s.client.clone());
+    anyhow::ensure!(
+        listed(env.cp.client()).await?,
+        "the first API server's LIST should still serve a-1"
+    );
+    if let Some(second) = second {
+        anyhow::ensure!(
+            !listed(second).await?,
+            "the second API server's LIST should not serve a-1"
+        );
+    }
+    Ok((fault, expected))
 }
 
 /// Endpoints writes are denied (a ValidatingAdmissionPolicy) for `denied`,

@@ -53,6 +53,9 @@ const RELEASE: &str = "eg";
 const SERVICE: &str = "web";
 const CHAOS_CONTROL_PORT: u16 = 8002;
 const GUARD: &str = "endpoints-guard";
+/// The row where pods cannot reach kube-apiserver through the `kubernetes`
+/// Service, and the chart gives the controller a direct address.
+const API_CLUSTER_IP_BLOCKED: &str = "API server's ClusterIP blocked";
 const UPSTREAM: &str = "kube-controller-manager";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -302,10 +305,12 @@ impl Run<'_> {
                 "apiserver restart",
                 "etcd compaction storm",
                 "leader pod deleted",
+                API_CLUSTER_IP_BLOCKED,
             ];
         }
         for name in names {
-            if name == "leader pod deleted" && !matches!(writer, Writer::Guard) {
+            let guard_only = ["leader pod deleted", API_CLUSTER_IP_BLOCKED];
+            if guard_only.contains(&name) && !matches!(writer, Writer::Guard) {
                 continue;
             }
             wait_published(&watch, 3, Duration::from_secs(60)).await?;
@@ -549,6 +554,66 @@ impl Run<'_> {
                 wait_published_exactly(watch, 3, Duration::from_secs(60)).await?;
                 Ok(format!(
                     "Lease moved from {leader} to {new_leader} in {took:.1} s; then 3 → 4 → 3 replicas"
+                ))
+            }
+            API_CLUSTER_IP_BLOCKED => {
+                // Pods lose the `kubernetes` Service's ClusterIP (the
+                // controller's connections through it go dead); the chart is
+                // given the API server's direct address, and the replicas it
+                // rolls out follow the Service's pods without the ClusterIP.
+                let blocked = ClusterIpBlock::new()?;
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                let port = self
+                    .node
+                    .cp
+                    .server_url()
+                    .rsplit(':')
+                    .next()
+                    .unwrap_or_default()
+                    .to_string();
+                let chart = workspace_root()?.join("charts/endpoints-guard");
+                helm(
+                    self.node,
+                    &[
+                        "upgrade",
+                        RELEASE,
+                        &chart.display().to_string(),
+                        "--namespace",
+                        SYSTEM_NS,
+                        "--reuse-values",
+                        "--set",
+                        &format!("apiServer.host={}", node::NODE_IP),
+                        "--set",
+                        &format!("apiServer.port={port}"),
+                        "--wait",
+                        "--timeout",
+                        "180s",
+                    ],
+                )?;
+                let leases: Api<Lease> = Api::namespaced(self.client.clone(), SYSTEM_NS);
+                let eg_pods: Api<Pod> = Api::namespaced(self.client.clone(), SYSTEM_NS);
+                wait_until_async(
+                    "a leader among the upgraded replicas",
+                    Duration::from_secs(60),
+                    || async {
+                        let holder = lease_holder(&leases).await.unwrap_or_default();
+                        let current = eg_pods.get_opt(&holder).await.ok().flatten();
+                        current.is_some_and(|p| p.metadata.deletion_timestamp.is_none())
+                    },
+                )
+                .await?;
+                scale(&deployments, 4).await?;
+                wait_published(watch, 4, Duration::from_secs(60)).await?;
+                scale(&deployments, 3).await?;
+                wait_published_exactly(watch, 3, Duration::from_secs(60)).await?;
+                let dropped = blocked.remove()?;
+                ensure!(
+                    dropped > 0,
+                    "nothing the block dropped: the old replicas never tried the ClusterIP"
+                );
+                Ok(format!(
+                    "ClusterIP of the API dropped ({dropped} packets); apiServer.host {}:{port} set by helm upgrade; then 3 → 4 → 3 replicas",
+                    node::NODE_IP
                 ))
             }
             other => bail!("no scenario {other}"),
@@ -819,6 +884,64 @@ async fn lease_holder(leases: &Api<Lease>) -> Result<String> {
         .spec
         .and_then(|s| s.holder_identity)
         .unwrap_or_default())
+}
+
+/// The API server's ClusterIP (the `kubernetes` Service, port 443) made
+/// unreachable from pods: a rule in the raw table, before kube-proxy's DNAT,
+/// drops what pods send there. Removed by [`ClusterIpBlock::remove`] or
+/// when dropped (the host check after the run would find it otherwise).
+struct ClusterIpBlock {
+    removed: bool,
+}
+
+impl ClusterIpBlock {
+    const RULE: [&'static str; 9] = [
+        "PREROUTING",
+        "-d",
+        "10.96.0.1/32",
+        "-p",
+        "tcp",
+        "--dport",
+        "443",
+        "-j",
+        "DROP",
+    ];
+
+    fn args(verb: &str) -> Vec<&str> {
+        let mut args = vec!["-t", "raw", verb];
+        args.extend(Self::RULE);
+        args
+    }
+
+    fn new() -> Result<Self> {
+        node::host::run("iptables", &Self::args("-I"))?;
+        Ok(Self { removed: false })
+    }
+
+    /// Removes the rule; returns how many packets it dropped.
+    fn remove(mut self) -> Result<u64> {
+        let listed = node::host::run(
+            "iptables",
+            &["-t", "raw", "-L", "PREROUTING", "-v", "-x", "-n"],
+        )?;
+        let dropped = listed
+            .lines()
+            .find(|l| l.contains("10.96.0.1") && l.contains("DROP"))
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        node::host::run("iptables", &Self::args("-D"))?;
+        self.removed = true;
+        Ok(dropped)
+    }
+}
+
+impl Drop for ClusterIpBlock {
+    fn drop(&mut self) {
+        if !self.removed {
+            let _ = node::host::run("iptables", &Self::args("-D"));
+        }
+    }
 }
 
 /// The control API of the host's watch-chaos (kube-controller-manager's).

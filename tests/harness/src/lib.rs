@@ -116,6 +116,16 @@ impl ControlPlaneOptions {
     }
 }
 
+/// A second kube-apiserver on the control plane's etcd
+/// ([`ControlPlane::start_second_apiserver`]); stopped when dropped.
+pub struct SecondApiserver {
+    _process: Process,
+    /// A client of the admin, through this API server.
+    pub client: kube::Client,
+    /// The admin's kubeconfig for this API server.
+    pub kubeconfig: PathBuf,
+}
+
 /// A running etcd + kube-apiserver. Dropping it stops both and removes its
 /// temporary folder (see the crate documentation for what a panic keeps).
 pub struct ControlPlane {
@@ -405,6 +415,59 @@ impl ControlPlane {
 
     fn etcd_addr(&self) -> SocketAddr {
         SocketAddr::from((Ipv4Addr::LOCALHOST, self.etcd_ports.client))
+    }
+
+    /// Starts a second kube-apiserver on the same etcd, straight to it (not
+    /// through etcd-fault-proxy, when the first goes through it), and waits
+    /// until it is ready: what production runs, several API servers each
+    /// with its own watch cache. It stops when the result is dropped.
+    pub async fn start_second_apiserver(&self) -> Result<SecondApiserver> {
+        let port = free_port()?;
+        let etcd = format!("--etcd-servers=http://{}", self.etcd_addr());
+        let mut args: Vec<String> = self
+            .apiserver_args
+            .iter()
+            .filter(|a| {
+                !a.starts_with("--secure-port=")
+                    && !a.starts_with("--etcd-servers=")
+                    && !a.starts_with("--endpoint-reconciler-type=")
+            })
+            .cloned()
+            .collect();
+        // The first one publishes the `kubernetes` Service's endpoints.
+        args.extend([
+            format!("--secure-port={port}"),
+            etcd,
+            "--endpoint-reconciler-type=none".to_string(),
+        ]);
+        let server = format!("https://{}", SocketAddr::new(self.bind_address, port));
+        let kubeconfig_text = kubeconfig::render(
+            "eg-admin",
+            &server,
+            &self.pki.ca_cert,
+            Credentials::ClientCert {
+                cert: &self.pki.admin_cert,
+                key: &self.pki.admin_key,
+            },
+        )?;
+        let kubeconfig = self.root.join("kubeconfig-admin-second.yaml");
+        kubeconfig::write(&kubeconfig, &kubeconfig_text)?;
+        let client = kubeconfig::client(&kubeconfig_text).await?;
+        let log = self.log_dir.join("kube-apiserver-second.log");
+        let mut process = Process::spawn(
+            "kube-apiserver-second",
+            &self.binaries.kube_apiserver,
+            &args,
+            &log,
+        )?;
+        wait_ready(&client, &mut process, self.startup_timeout)
+            .await
+            .with_context(|| format!("the second kube-apiserver (log {})", log.display()))?;
+        Ok(SecondApiserver {
+            _process: process,
+            client,
+            kubeconfig,
+        })
     }
 
     /// Starts kube-apiserver and waits for it; on failure the logs are kept.
