@@ -18,6 +18,9 @@
 #                      and endpoints-guard's, on local clusters of KWOK nodes and (root) on a
 #                      real one-node cluster → target/conformance/
 #
+# KUBE_VERSION=1.34|1.35|1.36|1.37 (default the newest) picks the Kubernetes release
+# every target builds and runs against (docs/testing.md, docs/versions.md).
+#
 # The control plane programs are built from Go modules (tests/controlplane/); set
 # KUBEBUILDER_ASSETS or EG_KUBE_APISERVER / EG_KUBE_CONTROLLER_MANAGER / EG_ETCD / EG_HELM /
 # EG_PROMETHEUS / EG_PROMTOOL to use binaries you already have.

@@ -6,19 +6,20 @@
 # agnhost image); not root, or without apt-get, it says so and exits 0, and
 # eg-conformance skips the real-node specs. Then it makes the images
 # upstream's real-node e2e specs run, imported into the node's containerd
-# since no image can be pulled, named as the e2e framework of the pinned
-# release asks for them (test/utils/image/manifest.go of k8s.io/kubernetes
-# v1.36.3), so no KUBE_TEST_REPO_LIST is needed:
-#   registry.k8s.io/e2e-test-images/agnhost:2.63.0
+# since no image can be pulled, named as the e2e framework of the release
+# KUBE_VERSION picks asks for them (their tags read from
+# test/utils/image/manifest.go of that k8s.io/kubernetes module), so no
+# KUBE_TEST_REPO_LIST is needed:
+#   registry.k8s.io/e2e-test-images/agnhost:<that release's tag>
 #       /agnhost built from k8s.io/kubernetes/test/images/agnhost
 #       (tests/conformance/build.sh), with what the specs run through
 #       `/bin/sh -c`: dash as /bin/sh, Debian's static busybox (seq, ...),
 #       nc from netcat-openbsd (-t, -u, -v, -w, as in upstream's image),
 #       curl and wget, with the shared libraries they link
-#   registry.k8s.io/pause:3.10.2 and eg.local/pause:e2e
+#   registry.k8s.io/pause:<that release's tag> and eg.local/pause:e2e
 #       tests/node/images/pause: pods the specs make with the pause image, and
 #       the node's sandbox image
-# Each is a docker-archive tarball in target/conformance/images/
+# Each is a docker-archive tarball in target/conformance/<k8s-version>/images/
 # (hack/image-archive.py). busybox-static and netcat-openbsd are fetched with
 # apt-get download into target/conformance/debs/ and unpacked there, never
 # installed.
@@ -35,14 +36,28 @@ skip() {
 packages=(containerd runc containernetworking-plugins iptables nftables conntrack ca-certificates curl wget)
 need_node_packages "${packages[@]}"
 
-agnhost_tag=registry.k8s.io/e2e-test-images/agnhost:2.63.0
-pause_tag=registry.k8s.io/pause:3.10.2
+# shellcheck source=../tests/controlplane/release.sh
+. "$root/tests/controlplane/release.sh"
+kube_release || die "KUBE_VERSION=${KUBE_VERSION:-}: no such release"
+release="$root/target/conformance/$kube_version"
+agnhost="$release/bin/agnhost"
+[ -x "$agnhost" ] || die "$agnhost is missing: run 'KUBE_VERSION=${KUBE_VERSION:-} bash tests/conformance/build.sh'"
 
-out="$root/target/conformance/images"
+# image_tag NAME: the tag the release's e2e framework gives image NAME.
+manifest="$(cd "$root/tests/conformance/node/$kube_minor" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)/test/utils/image/manifest.go"
+image_tag() {
+  local tag
+  tag=$(sed -n "s/^[[:space:]]*configs\[$1\] = Config{[^,]*, \"[^\"]*\", \"\([^\"]*\)\"}.*/\1/p" "$manifest")
+  [ -n "$tag" ] || die "no tag of image $1 in $manifest"
+  echo "$tag"
+}
+agnhost_tag=registry.k8s.io/e2e-test-images/agnhost:$(image_tag Agnhost)
+pause_tag=registry.k8s.io/pause:$(image_tag Pause)
+log "Kubernetes $kube_version: $agnhost_tag, $pause_tag"
+
+out="$release/images"
 debs="$root/target/conformance/debs"
-work="$root/target/conformance/rootfs"
-agnhost="$root/target/conformance/bin/agnhost"
-[ -x "$agnhost" ] || die "$agnhost is missing: run 'bash tests/conformance/build.sh'"
+work="$release/rootfs"
 command -v curl >/dev/null || die "curl is missing: install Debian's curl"
 rm -rf "$work"
 mkdir -p "$out" "$debs" "$work/pause" "$work/agnhost"

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 
-use crate::desired::ManagedBy;
 pub use crate::desired::scope::Scope;
+use crate::desired::{FeatureGates, KubeRelease, ManagedBy};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Mode {
@@ -148,6 +148,21 @@ pub struct Config {
     /// scope objects with either value are taken as this controller's.
     #[arg(long, env = "EG_MANAGED_BY", value_enum)]
     pub managed_by: Option<crate::desired::ManagedBy>,
+
+    /// Whose kube-controller-manager to write as: 1.34, 1.35, 1.36 or 1.37.
+    /// Unset: the API server's own minor, read at start-up (a server outside
+    /// 1.34–1.37 is then an error). Set it when kube-controller-manager runs
+    /// another minor than the API server (version skew allows one behind).
+    #[arg(long, env = "EG_KUBE_RULES", value_enum)]
+    pub kube_rules: Option<KubeRelease>,
+
+    /// kube-controller-manager's feature gates that change what it writes
+    /// and that its version does not tell, as its own flag writes them:
+    /// PreferSameTrafficDistribution=false when the 1.34 cluster turned that
+    /// beta gate off (no hints for PreferSameZone and PreferSameNode then;
+    /// locked on from 1.35).
+    #[arg(long, env = "EG_FEATURE_GATES", default_value = "", value_parser = FeatureGates::parse)]
+    pub feature_gates: FeatureGates,
 
     /// enforce: keep Endpoints and EndpointSlices in sync. audit: only watch
     /// and report.
@@ -359,6 +374,9 @@ impl Config {
             if self.controller_set() != Controllers::ALL {
                 return Err("--scope opt-in runs both controllers: an opted-in Service's Endpoints that nobody rewrites stay frozen and are mirrored into slices (drop --controllers)".into());
             }
+        }
+        if let Some(release) = self.kube_rules {
+            crate::desired::Rules::with_gates(release, self.feature_gates)?;
         }
         if self.leader_elect {
             let duration = self.leader_election_lease_duration;
@@ -648,6 +666,48 @@ mod tests {
         .expect("parse");
         assert!(one.validate().is_err(), "opt-in runs both controllers");
         assert!(Config::try_parse_from(["endpoints-guard", "--scope=some"]).is_err());
+    }
+
+    #[test]
+    fn kube_rules_and_feature_gates() {
+        let cfg = Config::try_parse_from(["endpoints-guard"]).expect("defaults parse");
+        assert_eq!(cfg.kube_rules, None, "the server's version decides");
+        assert_eq!(cfg.feature_gates, FeatureGates::default());
+        for (text, release) in [("1.34", KubeRelease::V1_34), ("1.37", KubeRelease::V1_37)] {
+            let cfg =
+                Config::try_parse_from(["endpoints-guard", "--kube-rules", text]).expect("parse");
+            assert_eq!(cfg.kube_rules, Some(release), "{text}");
+        }
+        for bad in ["1.33", "1.38", "v1.34", "latest"] {
+            assert!(
+                Config::try_parse_from(["endpoints-guard", "--kube-rules", bad]).is_err(),
+                "{bad}"
+            );
+        }
+        let gate_off = |rules: &str| {
+            Config::try_parse_from([
+                "endpoints-guard",
+                "--feature-gates=PreferSameTrafficDistribution=false",
+                rules,
+            ])
+            .expect("parse")
+        };
+        let cfg = gate_off("--kube-rules=1.34");
+        assert_eq!(
+            cfg.feature_gates.prefer_same_traffic_distribution,
+            Some(false)
+        );
+        assert_eq!(cfg.validate(), Ok(()));
+        let locked = gate_off("--kube-rules=1.35").validate();
+        assert!(
+            locked.as_ref().is_err_and(|e| e.contains("locked on")),
+            "{locked:?}"
+        );
+        assert!(
+            Config::try_parse_from(["endpoints-guard", "--feature-gates=WatchListClient=false"])
+                .is_err(),
+            "a gate this controller does not know"
+        );
     }
 
     #[test]

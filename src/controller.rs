@@ -13,6 +13,7 @@ use tokio::task::JoinSet;
 use tracing::{Instrument, debug_span, error, info, warn};
 
 use crate::config::{Config, Controller, Wire};
+use crate::desired::Rules;
 use crate::error::Result;
 use crate::metrics::Metrics;
 use crate::reconcile::kinds::{Kind, KindVisitor, for_each_kind};
@@ -84,11 +85,13 @@ pub struct Running {
     pub context: Arc<Context>,
 }
 
-/// Starts everything and returns once the server is bound; `done` resolves when
-/// the controller has stopped after `shutdown` turned true.
+/// Starts everything, following `rules` ([`crate::startup::kube_rules`]),
+/// and returns once the server is bound; `done` resolves when the controller
+/// has stopped after `shutdown` turned true.
 pub async fn start(
     cfg: Config,
     client: Client,
+    rules: Rules,
     shutdown: signal::Receiver<bool>,
 ) -> Result<(Running, impl Future<Output = ()>)> {
     let metrics = Arc::new(Metrics::new()?);
@@ -109,6 +112,7 @@ pub async fn start(
         endpoints: Work::new(cfg.max_retries),
         slices: Work::new(cfg.max_retries),
         max_endpoints_per_slice: usize::from(cfg.max_endpoints_per_slice),
+        rules,
         managed_by: cfg.managed_by(),
         scope: cfg.scope,
         opt_out_grace: cfg.opt_out_grace,
@@ -149,7 +153,7 @@ pub async fn start(
         }
     };
     let running: Vec<&str> = controllers.iter().map(Controller::metric_label).collect();
-    info!(%metrics_addr, ?secure_metrics_addr, mode = ?cfg.mode, workers = cfg.workers, controllers = ?running, "endpoints-guard starting");
+    info!(%metrics_addr, ?secure_metrics_addr, mode = ?cfg.mode, workers = cfg.workers, controllers = ?running, rules = %rules.release(), "endpoints-guard starting");
 
     for_each_kind(&mut Watching {
         ctx: &ctx,

@@ -1,6 +1,8 @@
 //! Start-up checks that turn the usual misconfigurations into one clear line each:
-//! a kubeconfig that cannot be read, an API server that cannot be reached, and
-//! credentials that may not do what the controller needs.
+//! a kubeconfig that cannot be read, an API server that cannot be reached,
+//! credentials that may not do what the controller needs, and a server
+//! release whose rules this controller does not have; and the choice of
+//! those rules.
 
 use std::time::{Duration, Instant};
 
@@ -11,6 +13,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use crate::config::{Config, Mode};
 use crate::controller;
+use crate::desired::{KubeRelease, Rules};
 use crate::error::{Error, Result};
 use crate::ratelimit::RateLimitLayer;
 use crate::reconcile::kinds::{Kind, KindVisitor, for_each_kind};
@@ -108,6 +111,33 @@ pub async fn preflight(client: &Client, cfg: &Config) -> Result<()> {
         tracing::info!("audit mode: nothing will be written");
     }
     Ok(())
+}
+
+/// The rules the controller follows: those of `--kube-rules` if given, else
+/// those of the API server's own minor (an error outside the supported
+/// range, naming it and the flag), with `--feature-gates`.
+pub async fn kube_rules(client: &Client, cfg: &Config) -> Result<Rules> {
+    let release = match cfg.kube_rules {
+        Some(release) => {
+            tracing::info!(rules = %release, "rules of Kubernetes {release} (--kube-rules)");
+            release
+        }
+        None => {
+            // Readable by every authenticated user; where a server refuses
+            // it anyway, the flag is the way out.
+            let info = client.apiserver_version().await.map_err(|err| {
+                Error::Config(format!(
+                    "cannot read the API server's version to pick the rules ({err}): pass --kube-rules {}",
+                    KubeRelease::choices()
+                ))
+            })?;
+            let release = KubeRelease::of_server(&info.major, &info.minor, &info.git_version)
+                .map_err(Error::Config)?;
+            tracing::info!(rules = %release, server = %info.git_version, "rules of Kubernetes {release}, the API server's");
+            release
+        }
+    };
+    Rules::with_gates(release, cfg.feature_gates).map_err(Error::Config)
 }
 
 /// The list check of every kind, to be awaited in order.

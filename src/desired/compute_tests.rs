@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{EndpointSubset, Service};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::testkit::{pod, service, service_port, spec_mut};
+use super::testkit::{RULES_1_36, pod, service, service_port, spec_mut};
 use super::*;
 
 /// (ready IPs, not-ready IPs, port numbers) per subset, in output order.
@@ -46,7 +46,7 @@ fn http_service() -> Service {
 fn compute(svc: &Service, pods: &[PodFields]) -> Vec<EndpointSubset> {
     let packed: Vec<PodInfo> = pods.iter().map(PodFields::pack).collect();
     let refs: Vec<&PodInfo> = packed.iter().collect();
-    compute_subsets(svc, &refs).subsets
+    compute_subsets(svc, &refs, RULES_1_36).subsets
 }
 
 #[test]

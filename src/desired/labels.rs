@@ -15,7 +15,7 @@ use super::equality::subsets_equal_ignoring_resource_version;
 use super::repack::{AppProtocolIdentity, repack_may_equal, repack_subsets};
 use super::scope::LABEL_SKIP_MIRROR;
 use super::trigger::set_trigger_time_annotation;
-use super::{ComputedSubsets, LABEL_MANAGED_BY};
+use super::{ComputedSubsets, LABEL_MANAGED_BY, Rules};
 
 /// Label upstream puts on the Endpoints of a Service without a cluster IP.
 pub const LABEL_HEADLESS: &str = "service.kubernetes.io/headless";
@@ -161,12 +161,17 @@ pub fn build_endpoints(
 /// repacking, so an older ordering alone never causes a write), the labels are
 /// correct, and the over-capacity annotation needs no change. The computed
 /// subsets are compared before truncation, like upstream does, so an
-/// over-capacity Service is rewritten on every sync.
+/// over-capacity Service is rewritten on every sync. `rules` must be those
+/// `computed` was made with (the repack sorts the same way). Upstream before
+/// 1.35 compared the stored subsets only as stored, and so rewrote Endpoints
+/// stored in another order on every sync; that is not copied
+/// (`docs/versions.md`).
 pub fn needs_write(
     svc: &Service,
     computed: &ComputedSubsets,
     current: Option<&Endpoints>,
     marks: EndpointsMarks,
+    rules: Rules,
 ) -> bool {
     let Some(current) = current else {
         return true;
@@ -184,7 +189,11 @@ pub fn needs_write(
     let subsets_equal = subsets_equal_ignoring_resource_version(current_subsets, &computed.subsets)
         || (repack_may_equal(current_subsets, &computed.subsets)
             && subsets_equal_ignoring_resource_version(
-                &repack_subsets(current_subsets, AppProtocolIdentity::ByOccurrence),
+                &repack_subsets(
+                    current_subsets,
+                    AppProtocolIdentity::ByOccurrence,
+                    rules.port_order(),
+                ),
                 &computed.subsets,
             ));
     let up_to_date = subsets_equal

@@ -9,7 +9,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::*;
 use crate::desired::testkit::{
-    address, pod, pod_ref, service, service_port, spec_mut, string_map, subset,
+    RULES_1_36, address, pod, pod_ref, service, service_port, spec_mut, string_map, subset,
 };
 use crate::desired::{
     ANNOTATION_LAST_CHANGE_TRIGGER_TIME, MANAGER, MAX_ADDRESSES, PodFields, PodInfo,
@@ -29,7 +29,7 @@ fn labelled_service(labels: &[(&str, &str)]) -> Service {
 fn computed_for(svc: &Service, pods: &[PodFields]) -> ComputedSubsets {
     let packed: Vec<PodInfo> = pods.iter().map(PodFields::pack).collect();
     let refs: Vec<&PodInfo> = packed.iter().collect();
-    compute_subsets(svc, &refs)
+    compute_subsets(svc, &refs, RULES_1_36)
 }
 
 /// What a previous write of ours looks like once stored (with a resourceVersion).
@@ -237,7 +237,13 @@ fn build_truncates_and_marks_over_capacity() {
     // Upstream compares the untruncated subsets, so an over-capacity object is always rewritten.
     let mut current = built;
     current.metadata.resource_version = Some("3".into());
-    assert!(needs_write(&svc, &computed, Some(&current), marks(MANAGER)));
+    assert!(needs_write(
+        &svc,
+        &computed,
+        Some(&current),
+        marks(MANAGER),
+        RULES_1_36
+    ));
 }
 
 #[test]
@@ -336,7 +342,7 @@ fn write_decisions() {
     ];
     for (case, current, expected) in cases {
         assert_eq!(
-            needs_write(&svc, &computed, current, marks(MANAGER)),
+            needs_write(&svc, &computed, current, marks(MANAGER), RULES_1_36),
             expected,
             "{case}"
         );
@@ -353,7 +359,8 @@ fn nil_and_empty_subsets_are_equal() {
         &svc,
         &computed,
         Some(&current),
-        marks(MANAGER)
+        marks(MANAGER),
+        RULES_1_36
     ));
 }
 
@@ -371,7 +378,13 @@ fn stored_object_with_extra_ready_address_needs_write() {
         addresses: Some(vec![extra]),
         ..computed.subsets[0].clone()
     }]);
-    assert!(needs_write(&svc, &computed, Some(&current), marks(MANAGER)));
+    assert!(needs_write(
+        &svc,
+        &computed,
+        Some(&current),
+        marks(MANAGER),
+        RULES_1_36
+    ));
 }
 
 /// `--managed-by`: upstream's values by default (what conformance specs check),

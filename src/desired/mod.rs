@@ -1,8 +1,9 @@
-//! Desired Endpoints: a pure function of (Service, candidate pods, trigger time).
+//! Desired Endpoints: a pure function of (Service, candidate pods, trigger time,
+//! the release's [`Rules`]).
 //!
 //! Everything here reproduces what kube-controller-manager's endpoints controller
-//! (Kubernetes v1.36) writes, byte for byte, because a differential test compares
-//! our objects with upstream's. Upstream sources the behaviour was taken from:
+//! (Kubernetes 1.34 to 1.37, as [`Rules`] say) writes, byte for byte, because a
+//! differential test compares our objects with upstream's. Upstream sources the behaviour was taken from:
 //! `pkg/controller/endpoint/endpoints_controller.go` (syncService, label check,
 //! truncation), `pkg/api/v1/endpoints/util.go` (repacking and ordering),
 //! `k8s.io/endpointslice` (`utils.go` FindPort, `util/controller_utils.go` pod
@@ -16,8 +17,8 @@
 //! pod projection, port resolution, IP normalisation and hostname rule.
 //!
 //! Notes on the API contract:
-//! - Upstream orders ports and subsets by FNV-1a 128 digests (not MD5) of a
-//!   go-spew dump; see `spew`.
+//! - Upstream orders ports and subsets by MD5 (1.34) or FNV-1a 128 (1.35 and
+//!   later) digests of a go-spew dump; see `spew` and `rules`.
 //! - `needs_write` and `build_endpoints` take the managed-by value to check and
 //!   write: upstream's label check requires `managed-by` to equal its own name,
 //!   so the comparison is made against whatever this controller writes
@@ -40,6 +41,7 @@ mod pod;
 mod pod_info;
 mod ports;
 mod repack;
+pub mod rules;
 pub mod scope;
 pub mod slices;
 mod spew;
@@ -48,6 +50,8 @@ mod trigger;
 #[cfg(test)]
 mod compute_tests;
 #[cfg(test)]
+mod order_tests;
+#[cfg(test)]
 mod testkit;
 
 pub use capacity::{ANNOTATION_OVER_CAPACITY, MAX_ADDRESSES, OVER_CAPACITY_TRUNCATED};
@@ -55,6 +59,7 @@ pub use labels::{EndpointsMarks, LABEL_HEADLESS, build_endpoints, needs_write};
 pub(crate) use pod::spec_and_status_accessors;
 pub use pod::{ContainerView, NamedPort, PodFields, PodSource};
 pub use pod_info::{NamedPortRef, PodInfo};
+pub use rules::{FeatureGates, KubeRelease, Rules, SpewHash};
 pub use trigger::{ANNOTATION_LAST_CHANGE_TRIGGER_TIME, format_rfc3339_nano, trigger_time};
 
 use ip::{GoIp, IpFamily, family_of_text};
@@ -134,8 +139,9 @@ pub fn selector_matches(selector: &BTreeMap<String, String>, labels: &impl Label
 
 /// Compute the Endpoints subsets of `svc` from its candidate pods (already
 /// selected by namespace and selector): drops pods that must not appear, places
-/// the rest as ready or not ready, resolves ports, then repacks and sorts.
-pub fn compute_subsets(svc: &Service, pods: &[&PodInfo]) -> ComputedSubsets {
+/// the rest as ready or not ready, resolves ports, then repacks and sorts in
+/// the order of `rules`' release.
+pub fn compute_subsets(svc: &Service, pods: &[&PodInfo], rules: Rules) -> ComputedSubsets {
     let spec = svc.spec.as_ref();
     let publish_not_ready = spec
         .and_then(|s| s.publish_not_ready_addresses)
@@ -199,7 +205,7 @@ pub fn compute_subsets(svc: &Service, pods: &[&PodInfo]) -> ComputedSubsets {
         }
     }
     ComputedSubsets {
-        subsets: repack_owned_subsets(expanded, AppProtocolIdentity::ByValue),
+        subsets: repack_owned_subsets(expanded, AppProtocolIdentity::ByValue, rules.port_order()),
     }
 }
 

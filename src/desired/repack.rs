@@ -7,12 +7,14 @@
 //! offer exactly the same ports with the same readiness form one subset; a
 //! subset without ports is carried through a sentinel port and comes out with
 //! `ports` absent. Then everything is sorted: addresses by IP text bytes then
-//! UID, ports and subsets by the digest in [`super::spew`].
+//! UID, ports and subsets by the digest in [`super::spew`] the release's
+//! rules pick.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{EndpointAddress, EndpointPort, EndpointSubset};
 
+use super::rules::SpewHash;
 use super::spew::{port_digest, subset_digest};
 
 /// How two ports with the same appProtocol text are told apart.
@@ -101,9 +103,10 @@ struct Grouping {
 pub(crate) fn repack_subsets(
     subsets: &[EndpointSubset],
     identity: AppProtocolIdentity,
+    order: SpewHash,
 ) -> Vec<EndpointSubset> {
     let Grouping { addresses, groups } = group(subsets, identity);
-    emit(groups, |n| {
+    emit(groups, order, |n| {
         addresses
             .get(n)
             .and_then(|at| at.get(subsets))
@@ -117,6 +120,7 @@ pub(crate) fn repack_subsets(
 pub(crate) fn repack_owned_subsets(
     mut subsets: Vec<EndpointSubset>,
     identity: AppProtocolIdentity,
+    order: SpewHash,
 ) -> Vec<EndpointSubset> {
     let Grouping { addresses, groups } = group(&subsets, identity);
     let mut uses = vec![0usize; addresses.len()];
@@ -125,7 +129,7 @@ pub(crate) fn repack_owned_subsets(
             *count += 1;
         }
     }
-    emit(groups, |n| {
+    emit(groups, order, |n| {
         let Some(address) = addresses.get(n).and_then(|at| at.get_mut(&mut subsets)) else {
             return EndpointAddress::default();
         };
@@ -212,6 +216,7 @@ fn group(subsets: &[EndpointSubset], identity: AppProtocolIdentity) -> Grouping 
 /// each time a group lists it, in the groups' order.
 fn emit(
     groups: BTreeMap<Vec<(usize, bool)>, Vec<EndpointPort>>,
+    order: SpewHash,
     mut address: impl FnMut(usize) -> EndpointAddress,
 ) -> Vec<EndpointSubset> {
     let repacked: Vec<EndpointSubset> = groups
@@ -232,7 +237,7 @@ fn emit(
             }
         })
         .collect();
-    sort_subsets(repacked)
+    sort_subsets(repacked, order)
 }
 
 fn port_key<'a>(
@@ -311,8 +316,11 @@ pub(crate) fn repack_may_equal(subsets: &[EndpointSubset], repacked: &[EndpointS
     address_key_sets(subsets) == address_key_sets(repacked)
 }
 
-/// Upstream's SortSubsets.
-pub(crate) fn sort_subsets(mut subsets: Vec<EndpointSubset>) -> Vec<EndpointSubset> {
+/// Upstream's SortSubsets, ports and subsets by the `order` digest.
+pub(crate) fn sort_subsets(
+    mut subsets: Vec<EndpointSubset>,
+    order: SpewHash,
+) -> Vec<EndpointSubset> {
     for subset in &mut subsets {
         for list in [&mut subset.addresses, &mut subset.not_ready_addresses]
             .into_iter()
@@ -321,10 +329,10 @@ pub(crate) fn sort_subsets(mut subsets: Vec<EndpointSubset>) -> Vec<EndpointSubs
             list.sort_by(|a, b| address_order(a).cmp(&address_order(b)));
         }
         if let Some(ports) = subset.ports.as_mut() {
-            ports.sort_by_cached_key(port_digest);
+            ports.sort_by_cached_key(|port| port_digest(port, order));
         }
     }
-    subsets.sort_by_cached_key(subset_digest);
+    subsets.sort_by_cached_key(|subset| subset_digest(subset, order));
     subsets
 }
 

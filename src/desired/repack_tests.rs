@@ -4,6 +4,7 @@
 use k8s_openapi::api::core::v1::{EndpointPort, EndpointSubset};
 
 use super::*;
+use crate::desired::rules::SpewHash::Fnv128a;
 use crate::desired::testkit::{address, pod_ref, port, subset};
 
 /// One address and at most one port per subset, the shape the controller builds.
@@ -73,13 +74,13 @@ fn repack_groups_by_port_set_and_sorts_like_upstream() {
     }
     let expected = golden(UPSTREAM_REPACK_MIXED);
     assert_eq!(
-        repack_subsets(&input, AppProtocolIdentity::ByValue),
+        repack_subsets(&input, AppProtocolIdentity::ByValue, Fnv128a),
         expected
     );
     // The input order never matters.
     input.reverse();
     assert_eq!(
-        repack_subsets(&input, AppProtocolIdentity::ByValue),
+        repack_subsets(&input, AppProtocolIdentity::ByValue, Fnv128a),
         expected
     );
 }
@@ -91,7 +92,7 @@ fn not_ready_wins_and_portless_subsets_keep_no_ports() {
         single("10.1.0.2", "y", false, None, "n"),
         single("10.1.0.1", "x", false, None, "n"),
     ];
-    let repacked = repack_subsets(&input, AppProtocolIdentity::ByValue);
+    let repacked = repack_subsets(&input, AppProtocolIdentity::ByValue, Fnv128a);
     assert_eq!(repacked, golden(UPSTREAM_REPACK_NO_PORTS));
     assert_eq!(repacked[0].ports, None);
 }
@@ -107,7 +108,7 @@ fn ports_in_a_subset_follow_upstream_hash_order() {
         port("sctp", 3868, "SCTP", Some("")),
         port("https", 443, "TCP", None),
     ];
-    let sorted = sort_subsets(vec![subset(None, None, Some(ports))]);
+    let sorted = sort_subsets(vec![subset(None, None, Some(ports))], Fnv128a);
     let order: Vec<String> = sorted[0]
         .ports
         .iter()
@@ -136,7 +137,7 @@ fn duplicate_addresses_are_merged_by_ip_and_uid() {
         single("10.0.0.1", "a", true, Some(&http), "n"),
         single("10.0.0.1", "a", true, Some(&http), "n"),
     ];
-    let repacked = repack_subsets(&same_pod_twice, AppProtocolIdentity::ByValue);
+    let repacked = repack_subsets(&same_pod_twice, AppProtocolIdentity::ByValue, Fnv128a);
     assert_eq!(repacked.len(), 1);
     assert_eq!(repacked[0].addresses.as_ref().map(Vec::len), Some(1));
 
@@ -145,7 +146,7 @@ fn duplicate_addresses_are_merged_by_ip_and_uid() {
         single("10.0.0.1", "b", true, Some(&http), "n"),
         single("10.0.0.1", "a", true, Some(&http), "n"),
     ];
-    let repacked = repack_subsets(&two_pods, AppProtocolIdentity::ByValue);
+    let repacked = repack_subsets(&two_pods, AppProtocolIdentity::ByValue, Fnv128a);
     let names: Vec<_> = repacked[0]
         .addresses
         .iter()
@@ -159,11 +160,14 @@ fn duplicate_addresses_are_merged_by_ip_and_uid() {
 fn address_without_target_ref_sorts_first_among_same_ip() {
     let with_ref = address("10.0.0.1", None, Some(pod_ref("default", "a", "uid-a")));
     let without_ref = address("10.0.0.1", None, None);
-    let sorted = sort_subsets(vec![subset(
-        Some(vec![with_ref, without_ref.clone()]),
-        None,
-        None,
-    )]);
+    let sorted = sort_subsets(
+        vec![subset(
+            Some(vec![with_ref, without_ref.clone()]),
+            None,
+            None,
+        )],
+        Fnv128a,
+    );
     assert_eq!(
         sorted[0].addresses.as_ref().map(|a| a[0].clone()),
         Some(without_ref)
@@ -177,7 +181,7 @@ fn subsets_without_addresses_disappear() {
         None,
         Some(vec![port("http", 80, "TCP", None)]),
     );
-    assert!(repack_subsets(&[empty], AppProtocolIdentity::ByValue).is_empty());
+    assert!(repack_subsets(&[empty], AppProtocolIdentity::ByValue, Fnv128a).is_empty());
 }
 
 #[test]
@@ -194,9 +198,9 @@ fn decoded_ports_with_app_protocol_are_distinct_per_occurrence() {
         subset(Some(vec![a.clone()]), None, Some(vec![grpc.clone()])),
         subset(Some(vec![a]), None, Some(vec![grpc])),
     ];
-    let by_occurrence = repack_subsets(&input, AppProtocolIdentity::ByOccurrence);
+    let by_occurrence = repack_subsets(&input, AppProtocolIdentity::ByOccurrence, Fnv128a);
     assert_eq!(by_occurrence[0].ports.as_ref().map(Vec::len), Some(2));
-    let by_value = repack_subsets(&input, AppProtocolIdentity::ByValue);
+    let by_value = repack_subsets(&input, AppProtocolIdentity::ByValue, Fnv128a);
     assert_eq!(by_value[0].ports.as_ref().map(Vec::len), Some(1));
 }
 
@@ -226,7 +230,7 @@ fn randomised_inputs_repack_like_upstream() {
             _ => AppProtocolIdentity::ByOccurrence,
         };
         assert_eq!(
-            repack_subsets(&record.input, identity),
+            repack_subsets(&record.input, identity, Fnv128a),
             record.output,
             "fixture line {line}"
         );
@@ -287,18 +291,18 @@ fn repack_may_equal_is_false_only_when_the_repack_differs_and_owned_repacks_agre
         // Half the time the target is `current` itself repacked (so equal),
         // otherwise another random layout.
         let target = if cases.below(2) == 0 {
-            repack_subsets(&current, AppProtocolIdentity::ByValue)
+            repack_subsets(&current, AppProtocolIdentity::ByValue, Fnv128a)
         } else {
-            repack_subsets(&cases.subsets(), AppProtocolIdentity::ByValue)
+            repack_subsets(&cases.subsets(), AppProtocolIdentity::ByValue, Fnv128a)
         };
-        let repacked = repack_subsets(&current, AppProtocolIdentity::ByOccurrence);
+        let repacked = repack_subsets(&current, AppProtocolIdentity::ByOccurrence, Fnv128a);
         for identity in [
             AppProtocolIdentity::ByValue,
             AppProtocolIdentity::ByOccurrence,
         ] {
             assert_eq!(
-                repack_owned_subsets(current.clone(), identity),
-                repack_subsets(&current, identity),
+                repack_owned_subsets(current.clone(), identity, Fnv128a),
+                repack_subsets(&current, identity, Fnv128a),
                 "moving the addresses repacks as cloning them does"
             );
         }
@@ -330,12 +334,13 @@ fn a_pod_turning_not_ready_skips_the_repack() {
             single("10.0.0.2", "b", false, Some(&http), "n"),
         ],
         AppProtocolIdentity::ByValue,
+        Fnv128a,
     );
     assert!(!repack_may_equal(&before, &after));
     // The same pods, only laid out otherwise: the repack must still be tried.
     let reordered: Vec<EndpointSubset> = before.iter().rev().cloned().collect();
     assert!(repack_may_equal(
         &reordered,
-        &repack_subsets(&before, AppProtocolIdentity::ByValue)
+        &repack_subsets(&before, AppProtocolIdentity::ByValue, Fnv128a)
     ));
 }

@@ -1,8 +1,9 @@
 //! The ordering key upstream sorts ports and subsets by.
 //!
 //! Upstream (`pkg/api/v1/endpoints` SortSubsets) orders the ports inside a subset,
-//! and the subsets themselves, by comparing FNV-1a 128-bit digests (big-endian
-//! bytes) of a textual dump of each value. The dump is go-spew's `%#v` rendering
+//! and the subsets themselves, by comparing 128-bit digests (big-endian bytes)
+//! of a textual dump of each value: MD5 up to Kubernetes 1.34, FNV-1a 128 from
+//! 1.35 ([`SpewHash`], picked by the [`super::Rules`] in force). The dump is go-spew's `%#v` rendering
 //! with the configuration of `k8s.io/utils/dump.ForHash` (methods disabled, no
 //! pointer addresses, no capacities). Since that order ends up in the object we
 //! write, reproducing it byte for byte is the only way to write what upstream
@@ -22,9 +23,12 @@
 
 use k8s_openapi::api::core::v1::{EndpointAddress, EndpointPort, EndpointSubset, ObjectReference};
 use k8s_openapi::api::discovery::v1::EndpointPort as SlicePort;
+use md5::Digest as _;
 
-/// A 128-bit FNV-1a digest; comparing these numbers compares upstream's
-/// big-endian digest bytes.
+use super::rules::SpewHash;
+
+/// A 128-bit digest (MD5 or FNV-1a) read as a big-endian number: comparing
+/// these numbers compares upstream's digest bytes.
 pub(crate) type Digest = u128;
 
 const FNV128_OFFSET_BASIS: u128 = 0x6c62_272e_07bb_0142_62b8_2175_6295_c58d;
@@ -36,19 +40,30 @@ pub(crate) fn fnv1a_128(bytes: &[u8]) -> Digest {
     })
 }
 
+pub(crate) fn md5_128(bytes: &[u8]) -> Digest {
+    u128::from_be_bytes(md5::Md5::digest(bytes).into())
+}
+
+fn digest(hash: SpewHash, dump: &str) -> Digest {
+    match hash {
+        SpewHash::Md5 => md5_128(dump.as_bytes()),
+        SpewHash::Fnv128a => fnv1a_128(dump.as_bytes()),
+    }
+}
+
 /// Sort key of an EndpointPort inside its subset.
-pub(crate) fn port_digest(port: &EndpointPort) -> Digest {
-    fnv1a_128(render_port(port).as_bytes())
+pub(crate) fn port_digest(port: &EndpointPort, hash: SpewHash) -> Digest {
+    digest(hash, &render_port(port))
 }
 
 /// Sort key of an EndpointSlice port among the ports of its slice.
-pub(crate) fn slice_port_digest(port: &SlicePort) -> Digest {
-    fnv1a_128(render_slice_port(port).as_bytes())
+pub(crate) fn slice_port_digest(port: &SlicePort, hash: SpewHash) -> Digest {
+    digest(hash, &render_slice_port(port))
 }
 
 /// Sort key of a subset among the subsets.
-pub(crate) fn subset_digest(subset: &EndpointSubset) -> Digest {
-    fnv1a_128(render_subset(subset).as_bytes())
+pub(crate) fn subset_digest(subset: &EndpointSubset, hash: SpewHash) -> Digest {
+    digest(hash, &render_subset(subset))
 }
 
 /// `%#v` of a `v1.EndpointPort` passed by value.

@@ -125,3 +125,7 @@ pub fn service(ports: Vec<ServicePort>) -> Service {
 pub fn spec_mut(svc: &mut Service) -> &mut ServiceSpec {
     svc.spec.get_or_insert_with(ServiceSpec::default)
 }
+
+/// The rules of Kubernetes 1.36, whose code printed the golden values of
+/// these tests.
+pub const RULES_1_36: super::Rules = super::Rules::of(super::KubeRelease::V1_36);

@@ -31,7 +31,7 @@ use kube::runtime::events::Recorder;
 
 use crate::config::{Controller, Controllers, Mode};
 use crate::desired::scope::Scope;
-use crate::desired::{ManagedBy, PodInfo};
+use crate::desired::{ManagedBy, PodInfo, Rules};
 use crate::metrics::Metrics;
 use crate::reconcile::kinds::{CachedEndpoints, CachedNode, CachedService, CachedSlice};
 use crate::reconcile::kinds::{
@@ -172,6 +172,9 @@ pub struct Context {
     /// The EndpointSlice controller's queue and trigger times.
     pub slices: Work,
     pub max_endpoints_per_slice: usize,
+    /// The release whose kube-controller-manager is followed (the server's,
+    /// or `--kube-rules`), with its feature gates.
+    pub rules: Rules,
     /// The managed-by values written (`--managed-by`, or the scope's).
     pub managed_by: ManagedBy,
     /// Which Services are handled (`--scope`).

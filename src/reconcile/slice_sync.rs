@@ -177,7 +177,7 @@ fn desire(
             .map(|node| (node.info.name.clone(), node.info.clone()))
             .collect()
     };
-    slices::desired_slices(service, pods, &nodes, manager)
+    slices::desired_slices(service, pods, &nodes, manager, ctx.rules)
 }
 
 /// The Nodes, unknown to the cache, of pods whose endpoints the current

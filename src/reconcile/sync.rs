@@ -201,12 +201,12 @@ async fn reconcile_content(
     let pod_refs: Vec<&PodInfo> = pods.iter().map(AsRef::as_ref).collect();
     let created = service.metadata.creation_timestamp.as_ref().map(|t| t.0);
     let trigger = ctx.endpoints.trigger_times.compute(key, created, &pod_refs);
-    let computed = desired::compute_subsets(service, &pod_refs);
+    let computed = desired::compute_subsets(service, &pod_refs, ctx.rules);
     let marks = EndpointsMarks {
         managed_by: compare_as(ctx, endpoints.as_ref()),
         skip_mirror: managed.opt_in,
     };
-    if !desired::needs_write(service, &computed, endpoints.as_ref(), marks) {
+    if !desired::needs_write(service, &computed, endpoints.as_ref(), marks, ctx.rules) {
         return Ok(());
     }
     let wanted = desired::build_endpoints(

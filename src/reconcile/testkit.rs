@@ -32,6 +32,7 @@ pub fn context_with(client: kube::Client) -> Context {
         endpoints: Work::new(super::queue::MAX_RETRIES),
         slices: Work::new(super::queue::MAX_RETRIES),
         max_endpoints_per_slice: crate::desired::slices::DEFAULT_MAX_ENDPOINTS_PER_SLICE,
+        rules: crate::desired::Rules::of(crate::desired::KubeRelease::NEWEST),
         managed_by: ManagedBy::default(),
         scope: Scope::All,
         opt_out_grace: std::time::Duration::from_secs(300),

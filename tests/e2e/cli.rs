@@ -190,3 +190,100 @@ async fn forbidden_then_graceful_shutdown() -> anyhow::Result<()> {
     assert!(err.contains("signal received; stopping"), "{err}");
     Ok(())
 }
+
+/// An API server outside the releases whose rules endpoints-guard has: one
+/// line naming the range and the flag that overrides the choice. The server
+/// is a stand-in that answers `/version` as Kubernetes 1.33 and every list
+/// with nothing, so the start-up checks before it pass.
+#[test]
+fn a_server_outside_the_supported_releases_is_one_clear_line() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("address").port();
+    std::thread::spawn(move || {
+        use std::io::{BufRead, BufReader, Write};
+        for stream in listener.incoming().flatten() {
+            let mut reader = BufReader::new(&stream);
+            let mut request_line = String::new();
+            let _ = reader.read_line(&mut request_line);
+            let mut header = String::new();
+            while reader.read_line(&mut header).is_ok_and(|n| n > 2) {
+                header.clear();
+            }
+            let body = if request_line.starts_with("GET /version") {
+                r#"{"major":"1","minor":"33","gitVersion":"v1.33.7","platform":"linux/amd64"}"#
+            } else {
+                r#"{"apiVersion":"meta.k8s.io/v1","kind":"PartialObjectMetadataList","metadata":{},"items":[]}"#
+            };
+            let _ = write!(
+                &stream,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("kubeconfig");
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:{port}\nusers:\n- name: u\n  user:\n    token: x\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: u\ncurrent-context: c\n"
+        ),
+    )
+    .expect("write");
+    let out = run(&["--kubeconfig", path.to_str().unwrap_or_default()]);
+    assert!(!out.status.success());
+    let line = final_line(&out);
+    assert!(
+        line.contains("Kubernetes 1.33")
+            && line.contains("1.34–1.37")
+            && line.contains("--kube-rules 1.34|1.35|1.36|1.37"),
+        "{line}"
+    );
+}
+
+/// The rules follow the API server's own minor unless `--kube-rules` says
+/// otherwise; a gate locked on that release cannot be turned off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rules_follow_the_api_server_unless_given() -> anyhow::Result<()> {
+    use clap::Parser;
+    use endpoints_guard::config::Config;
+    use endpoints_guard::desired::KubeRelease;
+    use endpoints_guard::startup::kube_rules;
+
+    let cp = ControlPlane::start(ControlPlaneOptions::default()).await?;
+    let client = cp.client();
+    let config = |args: &[&str]| {
+        Config::try_parse_from(std::iter::once("endpoints-guard").chain(args.iter().copied()))
+    };
+    // The release the harness runs (KUBE_VERSION), e.g. v1.34.4 → 1.34.
+    let served = &cp.binaries().version;
+    let rules = kube_rules(&client, &config(&[])?).await?;
+    assert!(
+        served.starts_with(&format!("v{}.", rules.release())),
+        "{served}: rules of {}",
+        rules.release()
+    );
+    let guard = crate::common::Guard::start(client.clone(), &[]).await?;
+    assert_eq!(
+        guard.running.context.rules, rules,
+        "the controller runs with them"
+    );
+    guard.stop().await;
+
+    let other = KubeRelease::ALL
+        .into_iter()
+        .find(|r| *r != rules.release())
+        .expect("another release");
+    let given = kube_rules(&client, &config(&["--kube-rules", &other.to_string()])?).await?;
+    assert_eq!(given.release(), other);
+    let locked = kube_rules(
+        &client,
+        &config(&[
+            "--kube-rules=1.35",
+            "--feature-gates=PreferSameTrafficDistribution=false",
+        ])?,
+    )
+    .await;
+    assert!(locked.is_err_and(|e| e.to_string().contains("locked on")));
+    Ok(())
+}

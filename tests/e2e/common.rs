@@ -8,6 +8,7 @@ use clap::Parser;
 use eg_harness::{ControlPlane, ready_ips};
 use endpoints_guard::config::Config;
 use endpoints_guard::controller::{self, Running};
+use endpoints_guard::startup;
 use k8s_openapi::api::core::v1::Endpoints;
 use kube::Api;
 use tokio::sync::watch;
@@ -41,8 +42,10 @@ impl Guard {
         }
         argv.extend_from_slice(args);
         let cfg = Config::try_parse_from(argv)?;
+        // The rules of the control plane's release, as the binary picks them.
+        let rules = startup::kube_rules(&client, &cfg).await?;
         let (tx, rx) = watch::channel(false);
-        let (running, done) = controller::start(cfg, client, rx).await?;
+        let (running, done) = controller::start(cfg, client, rules, rx).await?;
         Ok(Guard {
             running,
             shutdown: tx,

@@ -306,11 +306,19 @@ async fn watch_from_compacted_revision_is_gone() {
 
 /// Pods are made Ready with IPs through the status subresource, and
 /// kube-controller-manager's endpoints controller builds Endpoints from them.
+/// The API server is the release `KUBE_VERSION` picked.
 #[tokio::test]
 async fn pod_status_and_controller_manager_endpoints() {
     let cp = ControlPlane::start(ControlPlaneOptions::default())
         .await
         .expect("control plane starts");
+    let served = cp.client().apiserver_version().await.expect("/version");
+    eprintln!("harness: kube-apiserver {}", served.git_version);
+    assert_eq!(
+        served.git_version,
+        cp.binaries().version,
+        "the release asked for"
+    );
     cp.create_namespace("web").await.expect("namespace");
     let pods: Api<Pod> = Api::namespaced(cp.client(), "web");
 

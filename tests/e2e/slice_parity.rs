@@ -30,15 +30,18 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
+use clap::Parser;
 use eg_harness::{ControlPlane, ControlPlaneOptions};
 use eg_tools::slice_workload::{SliceSize, SliceWorkload, Snapshot, list_namespaced};
 use eg_tools::workload::write_parity_report;
+use endpoints_guard::config::Config;
 use endpoints_guard::desired::scope::spec_selector;
 use endpoints_guard::desired::slices::{
     DEFAULT_MAX_ENDPOINTS_PER_SLICE, DesiredSlices, HintMode, LABEL_SERVICE_NAME, NodeInfo,
     PlanOptions, ZoneCapacity, desired_slices, plan_slices, slice_service_name,
 };
-use endpoints_guard::desired::{ManagedBy, PodInfo, selector_matches};
+use endpoints_guard::desired::{ManagedBy, PodInfo, Rules, selector_matches};
+use endpoints_guard::startup;
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 use serde_json::{Value, json};
 
@@ -281,8 +284,9 @@ impl Round {
     }
 }
 
-/// Compares every selector Service of `snapshot` (see the module documentation).
-fn compare(snapshot: &Snapshot) -> Round {
+/// Compares every selector Service of `snapshot` (see the module
+/// documentation), desired by the `rules` of the control plane's release.
+fn compare(snapshot: &Snapshot, rules: Rules) -> Round {
     let nodes: BTreeMap<String, NodeInfo> = snapshot
         .nodes
         .iter()
@@ -306,7 +310,13 @@ fn compare(snapshot: &Snapshot) -> Round {
             .iter()
             .filter(|p| p.namespace() == namespace && selector_matches(selector, *p))
             .collect();
-        let desired = desired_slices(svc, &candidates, &nodes, ManagedBy::default().slices());
+        let desired = desired_slices(
+            svc,
+            &candidates,
+            &nodes,
+            ManagedBy::default().slices(),
+            rules,
+        );
         let upstream: Vec<EndpointSlice> = snapshot
             .slices
             .iter()
@@ -375,6 +385,8 @@ async fn slices_match_kube_controller_manager() -> anyhow::Result<()> {
     };
     let cp = ControlPlane::start(ControlPlaneOptions::default()).await?;
     let client = cp.client();
+    // The rules endpoints-guard would pick on this control plane.
+    let rules = startup::kube_rules(&client, &Config::try_parse_from(["endpoints-guard"])?).await?;
     let wl = SliceWorkload::generate(size, "slices");
     wl.create(&client).await?;
     let created_s = started.elapsed().as_secs_f64();
@@ -388,11 +400,11 @@ async fn slices_match_kube_controller_manager() -> anyhow::Result<()> {
     // Round 1: a cold start on the whole workload.
     let kcm = cp.start_controller_manager("endpointslice-controller", &[])?;
     let (cold_s, cold_versions) = converge(&client, &wl, None).await?;
-    let cold = compare(&Snapshot::read(&client, &wl.base.namespaces).await?);
+    let cold = compare(&Snapshot::read(&client, &wl.base.namespaces).await?, rules);
     // Round 2: the controller follows changes from there.
     let changed = wl.churn(&client).await?;
     let (churn_s, _) = converge(&client, &wl, Some(&cold_versions)).await?;
-    let churned = compare(&Snapshot::read(&client, &wl.base.namespaces).await?);
+    let churned = compare(&Snapshot::read(&client, &wl.base.namespaces).await?, rules);
     drop(kcm);
 
     let mut churn_report = churned.report(churn_s);

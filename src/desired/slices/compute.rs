@@ -16,15 +16,17 @@ use super::{
 };
 use crate::desired::ip::{GoIp, IpFamily, family_of_text};
 use crate::desired::labels::has_cluster_ip;
+use crate::desired::rules::SpewHash;
 use crate::desired::spew::slice_port_digest;
-use crate::desired::{LABEL_HEADLESS, PodInfo, pod_reference, ports, should_set_hostname};
+use crate::desired::{LABEL_HEADLESS, PodInfo, Rules, pod_reference, ports, should_set_hostname};
 
 /// Labels a slice gets from its controller, never from the Service.
 const RESERVED_LABELS: [&str; 3] = [LABEL_SERVICE_NAME, LABEL_SLICE_MANAGED_BY, LABEL_HEADLESS];
 
 /// The desired endpoints of `svc` from its candidate pods (already selected by
-/// namespace and selector), with `nodes` for zones and `managed_by` as the
-/// manager label. Which Services get slices at all is decided before
+/// namespace and selector), with `nodes` for zones, `managed_by` as the
+/// manager label and the port order and hint rule of `rules`' release. Which
+/// Services get slices at all is decided before
 /// (`crate::desired::scope::handling`).
 ///
 /// A pod is kept when it is not terminal and has an IP (terminating pods are
@@ -36,6 +38,7 @@ pub fn desired_slices(
     pods: &[&PodInfo],
     nodes: &impl NodeLookup,
     managed_by: &str,
+    rules: Rules,
 ) -> DesiredSlices {
     let spec = svc.spec.as_ref();
     let publish_not_ready = spec
@@ -52,7 +55,7 @@ pub fn desired_slices(
             if !pod.should_be_in_endpoints(true) {
                 continue;
             }
-            let ports = endpoint_ports(svc, pod);
+            let ports = endpoint_ports(svc, pod, rules.port_order());
             // Upstream makes the group before looking at the Node or the
             // addresses, so a group may stay empty; the plan needs to know.
             let (_, endpoints) = groups
@@ -87,7 +90,8 @@ pub fn desired_slices(
         service_deleting: meta.deletion_timestamp.is_some(),
         labels: slice_labels(svc, managed_by),
         owner: owner_reference(svc),
-        hints: hint_mode(svc),
+        hints: hint_mode(svc, rules),
+        port_order: rules.port_order(),
         address_types,
         pods_on_unknown_nodes: unknown_nodes.into_iter().collect(),
     }
@@ -111,8 +115,8 @@ pub(super) fn port_set_key(ports: &[EndpointPort]) -> PortSetKey {
 }
 
 /// Sorts ports the way upstream keys and writes them (by their `spew` digest).
-pub(super) fn sort_ports(ports: &mut [EndpointPort]) {
-    ports.sort_by_cached_key(slice_port_digest);
+pub(crate) fn sort_ports(ports: &mut [EndpointPort], order: SpewHash) {
+    ports.sort_by_cached_key(|port| slice_port_digest(port, order));
 }
 
 /// Upstream's getAddressTypesForService: one per entry of `spec.ipFamilies`;
@@ -147,7 +151,7 @@ fn address_types_of(svc: &Service) -> Vec<AddressType> {
 
 /// Upstream's getEndpointPorts: every Service port that resolves on this pod,
 /// with name and protocol always set (to "" when the Service has none).
-fn endpoint_ports(svc: &Service, pod: &PodInfo) -> Vec<EndpointPort> {
+fn endpoint_ports(svc: &Service, pod: &PodInfo, order: SpewHash) -> Vec<EndpointPort> {
     let service_ports: &[ServicePort] = svc
         .spec
         .as_ref()
@@ -165,7 +169,7 @@ fn endpoint_ports(svc: &Service, pod: &PodInfo) -> Vec<EndpointPort> {
             })
         })
         .collect();
-    sort_ports(&mut out);
+    sort_ports(&mut out, order);
     out
 }
 
@@ -255,9 +259,10 @@ fn owner_reference(svc: &Service) -> OwnerReference {
 }
 
 /// The hint rule: the topology annotation (its older name first) set to `Auto`
-/// or `auto` wins; otherwise `trafficDistribution` (all three values are
-/// accepted: PreferSameTrafficDistribution is locked on since v1.35).
-pub fn hint_mode(svc: &Service) -> HintMode {
+/// or `auto` wins; otherwise `trafficDistribution`: `PreferClose` always,
+/// `PreferSameZone` and `PreferSameNode` while the PreferSameTrafficDistribution
+/// gate of `rules` is on (it may be off on 1.34 only; locked on from 1.35).
+pub fn hint_mode(svc: &Service, rules: Rules) -> HintMode {
     let annotations = svc.metadata.annotations.as_ref();
     let topology = annotations.and_then(|a| {
         a.get(ANNOTATION_TOPOLOGY_AWARE_HINTS)
@@ -270,9 +275,11 @@ pub fn hint_mode(svc: &Service) -> HintMode {
         .spec
         .as_ref()
         .and_then(|s| s.traffic_distribution.as_deref());
+    let prefer_same = rules.prefer_same_traffic_distribution();
     match traffic_distribution {
-        Some("PreferClose" | "PreferSameZone") => HintMode::SameZone,
-        Some("PreferSameNode") => HintMode::SameZoneAndNode,
+        Some("PreferClose") => HintMode::SameZone,
+        Some("PreferSameZone") if prefer_same => HintMode::SameZone,
+        Some("PreferSameNode") if prefer_same => HintMode::SameZoneAndNode,
         _ => HintMode::None,
     }
 }

@@ -314,7 +314,13 @@ fn zone_comes_only_from_a_non_empty_node_label() {
     }
     let pods: Vec<PodInfo> = pods(3).iter().map(PodFields::pack).collect();
     let refs: Vec<&PodInfo> = pods.iter().collect();
-    let desired = desired_slices(&web_service(), &refs, &lookup, OURS);
+    let desired = desired_slices(
+        &web_service(),
+        &refs,
+        &lookup,
+        OURS,
+        crate::desired::testkit::RULES_1_36,
+    );
     let zones: Vec<Option<String>> = only_group(&desired)
         .endpoints
         .iter()

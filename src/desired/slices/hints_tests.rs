@@ -87,7 +87,13 @@ fn an_endpoint_without_zone_gets_only_a_node_hint() {
         .map(crate::desired::PodFields::pack)
         .collect();
     let refs: Vec<&crate::desired::PodInfo> = packed.iter().collect();
-    let desired = desired_slices(&svc, &refs, &lookup, super::testkit::OURS);
+    let desired = desired_slices(
+        &svc,
+        &refs,
+        &lookup,
+        super::testkit::OURS,
+        crate::desired::testkit::RULES_1_36,
+    );
     let plan = plan(&desired, &[]);
     let hints = plan.creates[0]
         .endpoints

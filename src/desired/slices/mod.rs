@@ -1,8 +1,9 @@
 //! Desired EndpointSlices and the writes that get there: pure functions of
 //! (Service, candidate pods, Nodes, existing slices, trigger time).
 //!
-//! Everything follows kube-controller-manager v1.36.3's endpointslice
-//! controller (`pkg/controller/endpointslice`) and the `k8s.io/endpointslice`
+//! Everything follows kube-controller-manager's endpointslice controller
+//! (`pkg/controller/endpointslice`, read in v1.36.3; what differs on 1.34,
+//! 1.35 and 1.37 comes with [`super::Rules`]) and the `k8s.io/endpointslice`
 //! reconciler it drives; `docs/endpointslices.md` lists each rule with where it
 //! was checked. Two steps, so that a caller can compare, audit or plan:
 //!
@@ -38,6 +39,7 @@ use k8s_openapi::api::discovery::v1::{Endpoint, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
 
+use super::rules::SpewHash;
 use super::scope::Managers;
 
 mod compute;
@@ -60,6 +62,8 @@ mod ports_labels_tests;
 #[cfg(test)]
 mod testkit;
 
+#[cfg(test)]
+pub(crate) use compute::sort_ports;
 pub use compute::{desired_slices, hint_mode};
 pub use content::same_slice_content;
 pub use node::{NodeInfo, ZoneCapacity};
@@ -151,6 +155,9 @@ pub struct DesiredSlices {
     /// The controller reference to the Service every slice carries.
     pub owner: OwnerReference,
     pub hints: HintMode,
+    /// The digest the groups' ports are sorted by (the release's): existing
+    /// slices' ports are sorted the same way to be matched with them.
+    pub port_order: SpewHash,
     /// One per address type the Service serves, IPv4 first.
     pub address_types: Vec<AddressTypeEndpoints>,
     /// Pods left out because their Node is not known (not in the Node cache, or

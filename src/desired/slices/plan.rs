@@ -121,7 +121,7 @@ impl Planner<'_> {
         for slice in existing {
             if self.owned(slice) {
                 let mut ports = slice.ports.clone().unwrap_or_default();
-                sort_ports(&mut ports);
+                sort_ports(&mut ports, self.desired.port_order);
                 by_ports
                     .entry(port_set_key(&ports))
                     .or_default()

@@ -9,6 +9,7 @@ use super::compute_tests::only_group;
 use super::testkit::{OURS, desire, pods, service_with, web_service};
 use super::*;
 use crate::desired::testkit::{named_port, service_port, spec_mut, string_map};
+use crate::desired::{FeatureGates, KubeRelease, PodFields, PodInfo, Rules};
 
 fn slice_port(name: &str, port: i32, protocol: &str, app: Option<&str>) -> EndpointPort {
     EndpointPort {
@@ -62,7 +63,7 @@ fn ports_are_resolved_per_pod_and_group_endpoints() {
             slice_port("grpc", 9090, "TCP", Some("kubernetes.io/h2c")),
             slice_port("", 80, "TCP", None),
         ];
-        super::compute::sort_ports(&mut ports);
+        super::compute::sort_ports(&mut ports, crate::desired::SpewHash::Fnv128a);
         ports
     };
     assert!(groups.contains(&(full, 2)), "{groups:?}");
@@ -225,6 +226,64 @@ fn hint_mode_from_annotations_and_traffic_distribution() {
     ];
     for (case, svc, mode) in cases {
         assert_eq!(desire(&svc, &[]).hints, mode, "{case}");
+    }
+}
+
+/// kube-controller-manager 1.34 with PreferSameTrafficDistribution off
+/// (`validTrafficDistribution` of k8s.io/endpointslice v0.34.4) hints
+/// PreferClose only; the topology annotation is not behind the gate.
+#[test]
+fn without_prefer_same_traffic_distribution_only_prefer_close_gives_hints() {
+    let gate_off = FeatureGates {
+        prefer_same_traffic_distribution: Some(false),
+    };
+    let (Ok(off), on) = (
+        Rules::with_gates(KubeRelease::V1_34, gate_off),
+        Rules::of(KubeRelease::V1_34),
+    ) else {
+        panic!("the gate may be off on 1.34");
+    };
+    let with = service_with;
+    let cases = [
+        (
+            "PreferClose",
+            with(&[], Some("PreferClose")),
+            HintMode::SameZone,
+            HintMode::SameZone,
+        ),
+        (
+            "PreferSameZone",
+            with(&[], Some("PreferSameZone")),
+            HintMode::None,
+            HintMode::SameZone,
+        ),
+        (
+            "PreferSameNode",
+            with(&[], Some("PreferSameNode")),
+            HintMode::None,
+            HintMode::SameZoneAndNode,
+        ),
+        (
+            "topology-mode Auto",
+            with(
+                &[(ANNOTATION_TOPOLOGY_MODE, "Auto")],
+                Some("PreferSameNode"),
+            ),
+            HintMode::Auto,
+            HintMode::Auto,
+        ),
+    ];
+    for (case, svc, gate_off_mode, gate_on_mode) in cases {
+        assert_eq!(hint_mode(&svc, off), gate_off_mode, "{case}, gate off");
+        assert_eq!(hint_mode(&svc, on), gate_on_mode, "{case}, gate on");
+        let pods = pods(2);
+        let refs: Vec<PodInfo> = pods.iter().map(PodFields::pack).collect();
+        let refs: Vec<&PodInfo> = refs.iter().collect();
+        let desired = desired_slices(&svc, &refs, &super::testkit::nodes(), OURS, off);
+        assert_eq!(
+            desired.hints, gate_off_mode,
+            "{case}: what desired_slices carries"
+        );
     }
 }
 

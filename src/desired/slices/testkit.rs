@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use super::{
     DesiredSlices, NodeInfo, PlanOptions, SlicePlan, ZoneCapacity, desired_slices, plan_slices,
 };
-use crate::desired::testkit::{service, service_port, spec_mut, string_map};
+use crate::desired::testkit::{RULES_1_36, service, service_port, spec_mut, string_map};
 use crate::desired::{PodFields, PodInfo};
 
 /// Our managed-by value in these tests.
@@ -72,7 +72,7 @@ pub fn desire(svc: &Service, pods: &[PodFields]) -> DesiredSlices {
 pub fn desire_as(svc: &Service, pods: &[PodFields], manager: &str) -> DesiredSlices {
     let packed: Vec<PodInfo> = pods.iter().map(PodFields::pack).collect();
     let refs: Vec<&PodInfo> = packed.iter().collect();
-    desired_slices(svc, &refs, &nodes(), manager)
+    desired_slices(svc, &refs, &nodes(), manager, RULES_1_36)
 }
 
 /// A plan with default options and the zones of [`nodes`].

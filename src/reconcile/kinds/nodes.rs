@@ -103,7 +103,7 @@ pub fn on_node(ctx: &Context, change: &Change<CachedNode>, received: Option<Inst
         .services
         .read()
         .iter()
-        .filter(|svc| every_service || hint_mode(svc) == HintMode::Auto)
+        .filter(|svc| every_service || hint_mode(svc, ctx.rules) == HintMode::Auto)
         .map(|svc| svc.key())
         .collect();
     for key in keys {

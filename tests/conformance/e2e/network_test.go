@@ -37,7 +37,7 @@ import (
 	_ "k8s.io/kubernetes/test/e2e/framework/debug/init"
 	_ "k8s.io/kubernetes/test/e2e/framework/metrics/init"
 	_ "k8s.io/kubernetes/test/e2e/framework/node/init"
-	_ "k8s.io/kubernetes/test/utils/format"
+	// and gomega's object formatting: format.go or format_ktesting.go
 )
 
 func TestMain(m *testing.M) {

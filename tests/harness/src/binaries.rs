@@ -1,9 +1,13 @@
-//! Where the upstream control-plane programs live.
+//! Where the upstream control-plane programs live, for the Kubernetes release
+//! `KUBE_VERSION` picks.
 //!
-//! `EG_CONTROLPLANE_BIN` names the folder if set; otherwise it is
+//! `KUBE_VERSION` is a minor (`1.34`, `v1.34`) pinned in
+//! `tests/controlplane/kubernetes/v<minor>/go.mod`, or that minor's exact
+//! pinned version (`1.34.4`); unset, the newest minor pinned there (the same
+//! rule as `tests/controlplane/release.sh`). `EG_CONTROLPLANE_BIN` names the
+//! folder if set; otherwise it is
 //! `<workspace root>/target/controlplane/<k8s version>/bin`, the folder that
-//! `tests/controlplane/build.sh` (`make controlplane`) fills, with the version
-//! read from `tests/controlplane/kubernetes/go.mod`.
+//! `tests/controlplane/build.sh` (`make controlplane`) fills.
 
 use std::path::{Path, PathBuf};
 
@@ -12,9 +16,18 @@ use anyhow::{Context, Result, bail};
 /// Environment variable naming the folder that holds the programs.
 pub const BIN_DIR_ENV: &str = "EG_CONTROLPLANE_BIN";
 
+/// Environment variable picking the Kubernetes release (`1.34`, ...).
+pub const KUBE_VERSION_ENV: &str = "KUBE_VERSION";
+
+/// Where each release's pins are, under the workspace root.
+const RELEASE_PINS: &str = "tests/controlplane/kubernetes";
+
 /// The programs of the local control plane.
 #[derive(Debug, Clone)]
 pub struct Binaries {
+    /// The Kubernetes release they are (e.g. `v1.34.4`): the one
+    /// `KUBE_VERSION` picks.
+    pub version: String,
     /// The folder they were found in.
     pub dir: PathBuf,
     /// `kube-apiserver`.
@@ -31,6 +44,7 @@ impl Binaries {
     pub fn locate() -> Result<Self> {
         let dir = bin_dir()?;
         Ok(Self {
+            version: kubernetes_version(&workspace_root()?)?,
             kube_apiserver: program_in(&dir, "kube-apiserver")?,
             kube_controller_manager: program_in(&dir, "kube-controller-manager")?,
             etcd: program_in(&dir, "etcd")?,
@@ -50,9 +64,14 @@ fn program_in(dir: &Path, name: &str) -> Result<PathBuf> {
     if !path.is_file() {
         bail!(
             "{name} not found at {}: build the control-plane programs with `make controlplane` \
-             (or `bash tests/controlplane/build.sh`), or point {BIN_DIR_ENV} at a folder holding \
+             (or `bash tests/controlplane/build.sh`{}), or point {BIN_DIR_ENV} at a folder holding \
              kube-apiserver, kube-controller-manager, etcd, helm, prometheus and promtool",
-            path.display()
+            path.display(),
+            std::env::var(KUBE_VERSION_ENV)
+                .ok()
+                .filter(|v| !v.is_empty())
+                .map(|v| format!(", with {KUBE_VERSION_ENV}={v}"))
+                .unwrap_or_default()
         );
     }
     Ok(path)
@@ -119,14 +138,114 @@ pub fn workspace_root() -> Result<PathBuf> {
     )
 }
 
-/// The Kubernetes version pinned in `tests/controlplane/kubernetes/go.mod`
-/// (e.g. `v1.36.3`).
+/// The Kubernetes version of the release `KUBE_VERSION` picks (e.g.
+/// `v1.36.3`), read from its pins.
 pub fn kubernetes_version(workspace_root: &Path) -> Result<String> {
-    let go_mod = workspace_root.join("tests/controlplane/kubernetes/go.mod");
+    let wanted = std::env::var(KUBE_VERSION_ENV).ok();
+    let minor = pick_release(&pinned_minors(workspace_root)?, wanted.as_deref())?;
+    let go_mod = workspace_root
+        .join(RELEASE_PINS)
+        .join(minor.dir_name())
+        .join("go.mod");
     let text = std::fs::read_to_string(&go_mod)
         .with_context(|| format!("reading {}", go_mod.display()))?;
-    parse_kubernetes_version(&text)
-        .with_context(|| format!("no `k8s.io/kubernetes vX.Y.Z` line in {}", go_mod.display()))
+    let version = parse_kubernetes_version(&text)
+        .with_context(|| format!("no `k8s.io/kubernetes vX.Y.Z` line in {}", go_mod.display()))?;
+    // An exact version asked for must be the one pinned: another would be
+    // reported as what ran while it did not.
+    if let Some(exact) = wanted.as_deref().map(|w| w.trim_start_matches('v'))
+        && exact.matches('.').count() == 2
+        && version.trim_start_matches('v') != exact
+    {
+        bail!(
+            "{KUBE_VERSION_ENV}={exact}: {} is pinned at {version}",
+            minor.dir_name()
+        );
+    }
+    Ok(version)
+}
+
+/// `<workspace root>/<under>/<k8s version>`: the folder a tool keeps for the
+/// release `KUBE_VERSION` picks (e.g. `target/conformance/v1.37.2`).
+pub fn release_dir(workspace_root: &Path, under: &str) -> Result<PathBuf> {
+    Ok(workspace_root
+        .join(under)
+        .join(kubernetes_version(workspace_root)?))
+}
+
+/// A Kubernetes minor release, e.g. 1.34.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Minor(pub u32, pub u32);
+
+impl Minor {
+    /// `1.34`, `v1.34`, or a patch version of it (`1.34.4`).
+    fn parse(text: &str) -> Option<Self> {
+        let mut parts = text.strip_prefix('v').unwrap_or(text).split('.');
+        let major = parts.next()?.parse().ok()?;
+        let minor = parts.next()?.parse().ok()?;
+        match (parts.next(), parts.next()) {
+            (None, _) => Some(Self(major, minor)),
+            (Some(patch), None) if patch.parse::<u32>().is_ok() => Some(Self(major, minor)),
+            _ => None,
+        }
+    }
+
+    /// The folder of its pins, `v1.34`.
+    pub fn dir_name(self) -> String {
+        format!("v{}.{}", self.0, self.1)
+    }
+}
+
+impl std::fmt::Display for Minor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.0, self.1)
+    }
+}
+
+/// The minors with pins under `tests/controlplane/kubernetes/`, oldest first.
+pub fn pinned_minors(workspace_root: &Path) -> Result<Vec<Minor>> {
+    let dir = workspace_root.join(RELEASE_PINS);
+    let mut minors = Vec::new();
+    for entry in std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))? {
+        let entry = entry.with_context(|| format!("reading {}", dir.display()))?;
+        let name = entry.file_name();
+        if let Some(minor) = name
+            .to_str()
+            .filter(|n| n.starts_with('v'))
+            .and_then(Minor::parse)
+            && entry.path().join("go.mod").is_file()
+        {
+            minors.push(minor);
+        }
+    }
+    minors.sort();
+    Ok(minors)
+}
+
+/// The release `wanted` (`KUBE_VERSION`) names among `pinned`; the newest
+/// when it is unset or empty.
+fn pick_release(pinned: &[Minor], wanted: Option<&str>) -> Result<Minor> {
+    let supported = || {
+        pinned
+            .iter()
+            .map(Minor::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match wanted.filter(|w| !w.is_empty()) {
+        None => pinned
+            .last()
+            .copied()
+            .context("no Kubernetes release pinned under tests/controlplane/kubernetes/"),
+        Some(text) => Minor::parse(text)
+            .filter(|minor| pinned.contains(minor))
+            .with_context(|| {
+                format!(
+                    "{KUBE_VERSION_ENV}={text}: not a release pinned here (supported: {})",
+                    supported()
+                )
+            }),
+    }
 }
 
 fn parse_kubernetes_version(go_mod: &str) -> Option<String> {
@@ -147,7 +266,7 @@ fn parse_kubernetes_version(go_mod: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_kubernetes_version, program_in};
+    use super::{Minor, parse_kubernetes_version, pick_release, program_in};
 
     #[test]
     fn reads_the_version_from_a_require_block_and_skips_replace_lines() {
@@ -161,6 +280,45 @@ mod tests {
         let go_mod = "module x\nrequire k8s.io/kubernetes v1.2.3\n";
         assert_eq!(parse_kubernetes_version(go_mod).as_deref(), Some("v1.2.3"));
         assert_eq!(parse_kubernetes_version("module x\n"), None);
+    }
+
+    #[test]
+    fn kube_version_picks_a_pinned_minor_and_defaults_to_the_newest() {
+        let pinned = [Minor(1, 34), Minor(1, 35), Minor(1, 36), Minor(1, 37)];
+        let pick = |wanted: Option<&str>| pick_release(&pinned, wanted).map_err(|e| e.to_string());
+        assert_eq!(pick(None), Ok(Minor(1, 37)));
+        assert_eq!(pick(Some("")), Ok(Minor(1, 37)));
+        assert_eq!(pick(Some("1.34")), Ok(Minor(1, 34)));
+        assert_eq!(pick(Some("v1.35")), Ok(Minor(1, 35)));
+        assert_eq!(pick(Some("1.36.3")), Ok(Minor(1, 36)));
+        for bad in ["1.33", "1.38", "latest", "1", "1.34.x", "1.34.4.1"] {
+            let err = pick(Some(bad)).unwrap_err();
+            assert!(
+                err.contains("supported: 1.34, 1.35, 1.36, 1.37"),
+                "{bad}: {err}"
+            );
+        }
+        assert_eq!(Minor(1, 34).dir_name(), "v1.34");
+    }
+
+    #[test]
+    fn every_pinned_release_names_its_version() {
+        let root = super::workspace_root().unwrap();
+        let minors = super::pinned_minors(&root).unwrap();
+        assert!(minors.len() >= 2, "{minors:?}");
+        for minor in minors {
+            let text = std::fs::read_to_string(
+                root.join(super::RELEASE_PINS)
+                    .join(minor.dir_name())
+                    .join("go.mod"),
+            )
+            .unwrap();
+            let version = parse_kubernetes_version(&text).unwrap();
+            assert!(
+                version.starts_with(&format!("{}.", minor.dir_name())),
+                "{minor}: {version}"
+            );
+        }
     }
 
     #[test]

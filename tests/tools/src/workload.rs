@@ -442,12 +442,21 @@ pub async fn delete_all_endpoints(client: &Client, keys: Vec<String>) -> Result<
 }
 
 /// Writes a parity report as pretty JSON to `target/parity/<file_name>` under
-/// the workspace root and returns its path.
+/// the workspace root, with the Kubernetes version it ran against
+/// (`kubernetes`, `KUBE_VERSION`'s), and returns its path.
 pub fn write_parity_report(file_name: &str, report: &Value) -> Result<std::path::PathBuf> {
-    let dir = eg_harness::binaries::workspace_root()?.join("target/parity");
+    let root = eg_harness::binaries::workspace_root()?;
+    let mut report = report.clone();
+    if let Some(fields) = report.as_object_mut() {
+        fields.insert(
+            "kubernetes".to_string(),
+            Value::String(eg_harness::binaries::kubernetes_version(&root)?),
+        );
+    }
+    let dir = root.join("target/parity");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let path = dir.join(file_name);
-    std::fs::write(&path, serde_json::to_string_pretty(report)?)
+    std::fs::write(&path, serde_json::to_string_pretty(&report)?)
         .with_context(|| format!("writing {}", path.display()))?;
     Ok(path)
 }

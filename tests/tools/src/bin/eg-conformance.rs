@@ -4,7 +4,10 @@
 //! controllers, once against endpoints-guard in their place (the release
 //! binary, enforce mode, both controllers), and once with endpoints-guard in
 //! opt-in scope beside them (no spec's Service opts in: it must disturb
-//! none), each on a fresh cluster of the same kind:
+//! none), each on a fresh cluster of the same kind, of the Kubernetes release
+//! `KUBE_VERSION` picks (default the newest pinned; the report's context
+//! names it). `target/conformance/<k8s version>/` holds that release's
+//! programs (below: `<release>/`):
 //!
 //! - etcd and kube-apiserver from `make controlplane`, with kube-apiserver's
 //!   lease endpoint reconciler and an advertise address that is not loopback
@@ -13,7 +16,7 @@
 //!   and nothing is sent anywhere);
 //! - kube-controller-manager with every controller, or every controller but
 //!   `endpoints-controller` and `endpointslice-controller`;
-//! - kube-scheduler; KWOK (`target/conformance/bin/kwok`) playing two nodes,
+//! - kube-scheduler; KWOK (`<release>/bin/kwok`) playing two nodes,
 //!   each pod getting an IP of its node's podCIDR.
 //!
 //! Then the specs that need a real node ([`REAL_NODE_SPECS`]: exec, container
@@ -21,7 +24,7 @@
 //! one-node cluster of `eg_tools::node` (kubelet, containerd,
 //! kube-proxy, the node's cluster DNS), one fresh node per column, holding
 //! `/run/eg-e2e-node.lock` as `make e2e-node` does; the images are
-//! `target/conformance/images/` (`hack/conformance-node.sh`). Where no real
+//! `<release>/images/` (`hack/conformance-node.sh`). Where no real
 //! node can run (not root, packages or images missing) those rows are
 //! skipped and the reason is in the report's context.
 //!
@@ -169,14 +172,15 @@ struct Paths {
 impl Paths {
     fn locate(out: PathBuf, need_guard: bool) -> Result<Self> {
         let root = workspace_root()?;
-        let bin = root.join("target/conformance/bin");
+        let release = binaries::release_dir(&root, "target/conformance")?;
+        let bin = release.join("bin");
         let need = |path: PathBuf, how: &str| -> Result<PathBuf> {
             if !path.is_file() {
                 bail!("{} is missing: {how}", path.display());
             }
             Ok(path)
         };
-        let build = "build it with `bash tests/conformance/build.sh` (make conformance does)";
+        let build = "build it with `bash tests/conformance/build.sh` (make conformance does; the same KUBE_VERSION)";
         let guard = std::env::var_os("EG_BINARY")
             .map(PathBuf::from)
             .unwrap_or_else(|| root.join("target/release/endpoints-guard"));
@@ -185,7 +189,7 @@ impl Paths {
             e2e: need(bin.join("e2e-network.test"), build)?,
             kubectl: need(bin.join("kubectl"), build)?,
             kwok: need(bin.join("kwok"), build)?,
-            kwok_stages: need(root.join("target/conformance/kwok-stages.yaml"), build)?,
+            kwok_stages: need(release.join("kwok-stages.yaml"), build)?,
             guard: if need_guard {
                 need(guard, "cargo build --release -p endpoints-guard")?
             } else {
@@ -626,7 +630,9 @@ async fn main() -> Result<()> {
     let paths = Paths::locate(out.clone(), needs_guard)?;
     let started = Instant::now();
     let mut results: BTreeMap<&str, BTreeMap<String, SpecResult>> = BTreeMap::new();
-    let mut context = json!({"kubernetes": "v1.36.3"});
+    let kubernetes = binaries::kubernetes_version(&root)?;
+    eprintln!("conformance: Kubernetes {kubernetes}");
+    let mut context = json!({"kubernetes": kubernetes});
 
     if nodes.fake() {
         let (advertise, dummy) = advertise_address()?;
@@ -655,7 +661,7 @@ async fn main() -> Result<()> {
         context["real_node"] = json!({"skipped": "not asked for (--nodes fake)"});
     } else {
         let images = NodeImages {
-            dir: root.join("target/conformance/images"),
+            dir: binaries::release_dir(&root, "target/conformance")?.join("images"),
         };
         let real_started = Instant::now();
         // The lock first: another run's kubelet is not a reason to skip.

@@ -1,17 +1,12 @@
 // Pins what the real-node part of `make conformance` builds besides the suite,
-// at the same Kubernetes release as ../go.mod: agnhost, the test image most of
-// upstream's network e2e specs run (k8s.io/kubernetes/test/images/agnhost),
-// and kubectl, which the suite runs for `kubectl exec` into pods.
+// for Kubernetes v1.36: agnhost, the test image most of upstream's network e2e
+// specs run (k8s.io/kubernetes/test/images/agnhost), and kubectl, which the
+// suite runs for `kubectl exec` into pods.
 module endpoints-guard.local/conformance/node
 
 go 1.26.0
 
 godebug default=go1.26
-
-tool (
-	k8s.io/kubernetes/cmd/kubectl
-	k8s.io/kubernetes/test/images/agnhost
-)
 
 // k8s.io/kubernetes points its staging modules at ./staging; outside its own
 // repository each must be pinned to the published v0.X.Y matching v1.X.Y.
@@ -49,6 +44,11 @@ replace (
 	k8s.io/sample-cli-plugin => k8s.io/sample-cli-plugin v0.36.3
 	k8s.io/sample-controller => k8s.io/sample-controller v0.36.3
 	k8s.io/streaming => k8s.io/streaming v0.36.3
+)
+
+tool (
+	k8s.io/kubernetes/cmd/kubectl
+	k8s.io/kubernetes/test/images/agnhost
 )
 
 require (
