@@ -78,6 +78,62 @@ fn window(name: &str, default: Duration) -> Duration {
     }
 }
 
+/// The rows `only` (`EG_CHAOS_ONLY`) picks: a comma-separated list, where an
+/// entry that is a row's whole name picks that row alone (so
+/// `watch-cache-lost-pod-delete` leaves out its 11-minute two-API-server
+/// variant) and any other entry picks every row whose name contains it
+/// (`slices/`, `etcd-restore`). Empty: every row. An entry that picks
+/// nothing is an error, so that a misspelt row cannot make a green run of
+/// nothing.
+fn select_rows<'a>(names: &[&'a str], only: &str) -> Result<Vec<&'a str>, String> {
+    let entries: Vec<&str> = only
+        .split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .collect();
+    if entries.is_empty() {
+        return Ok(names.to_vec());
+    }
+    let picks = |entry: &str, name: &str| {
+        if names.contains(&entry) {
+            name == entry
+        } else {
+            name.contains(entry)
+        }
+    };
+    if let Some(unmatched) = entries.iter().find(|e| !names.iter().any(|n| picks(e, n))) {
+        return Err(format!(
+            "EG_CHAOS_ONLY: {unmatched:?} names no row of this run ({})",
+            names.join(", ")
+        ));
+    }
+    Ok(names
+        .iter()
+        .copied()
+        .filter(|n| entries.iter().any(|e| picks(e, n)))
+        .collect())
+}
+
+#[test]
+fn chaos_only_picks_whole_names_alone_and_substrings_widely() {
+    let pick = |only: &str| select_rows(&FULL, only);
+    assert_eq!(pick("").map(|r| r.len()), Ok(FULL.len()));
+    assert_eq!(
+        pick("etcd-restore-plain, etcd-restore-bump-revision,watch-cache-lost-pod-delete"),
+        Ok(vec![
+            "etcd-restore-plain",
+            "etcd-restore-bump-revision",
+            "watch-cache-lost-pod-delete"
+        ])
+    );
+    assert_eq!(
+        pick("watch-cache"),
+        Ok(vec!["watch-cache-lost-pod-delete", TWO_API_SERVERS])
+    );
+    assert_eq!(pick("slices/").map(|r| r.len()), Ok(6));
+    assert!(pick("etcd-restore,no-such-row").is_err());
+}
+
 async fn run(row: &str, which: Which, window: Duration) -> Result<Row> {
     let (published, name) = match row.strip_prefix(SLICES) {
         Some(name) => (Published::EndpointSlices, name),
@@ -157,12 +213,10 @@ async fn matrix() {
     } else {
         (&FAST, Duration::from_secs(15), "target/chaos/fast")
     };
-    let only = std::env::var("EG_CHAOS_ONLY").ok();
+    let only = std::env::var("EG_CHAOS_ONLY").unwrap_or_default();
+    let selected = select_rows(names, &only).unwrap_or_else(|e| panic!("{e}"));
     let mut rows = Vec::new();
-    for name in names
-        .iter()
-        .filter(|n| only.as_deref().is_none_or(|o| n.contains(o)))
-    {
+    for name in selected {
         let controllers = match std::env::var("EG_CHAOS_CONTROLLER").as_deref() {
             Ok("guard") => vec![Which::Guard],
             Ok("kcm") => vec![Which::Kcm],
