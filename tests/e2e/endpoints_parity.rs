@@ -4,6 +4,12 @@
 //! the trigger-time annotation (the managed-by label included: endpoints-guard
 //! writes upstream's value by default).
 //!
+//! Twice: from a cold start, and after a round of changes
+//! (`Workload::churn`) that endpoints-guard follows incrementally while
+//! kube-controller-manager, started afterwards on the same objects with their
+//! Endpoints deleted, computes them from nothing: endpoints-guard's way there
+//! must end where upstream's rules do.
+//!
 //! `EG_PARITY_SCALE=full` (what `make parity` sets) runs 200+ Services and 2000+
 //! pods; the default is the smaller run `make test` includes. Writes
 //! `target/parity/report.json`.
@@ -87,6 +93,55 @@ fn first_difference(a: &Value, b: &Value) -> String {
     )
 }
 
+/// Compares two snapshots object by object: how many are identical, and
+/// what differs in the others.
+fn compare(upstream: &BTreeMap<String, Endpoints>, ours: &BTreeMap<String, Endpoints>) -> Value {
+    let upstream_view = comparable_all(upstream);
+    let ours_view = comparable_all(ours);
+    let mut identical = 0;
+    let mut different = Vec::new();
+    let keys: std::collections::BTreeSet<&String> =
+        upstream_view.keys().chain(ours_view.keys()).collect();
+    for key in &keys {
+        match (upstream_view.get(*key), ours_view.get(*key)) {
+            (Some(a), Some(b)) if a == b => identical += 1,
+            (Some(a), Some(b)) => {
+                different.push(json!({"service": key, "diff": first_difference(a, b)}))
+            }
+            (Some(_), None) => different
+                .push(json!({"service": key, "diff": "missing from endpoints-guard's run"})),
+            (None, _) => {
+                different.push(json!({"service": key, "diff": "missing from upstream's run"}))
+            }
+        }
+    }
+    json!({"endpoints_compared": keys.len(), "identical": identical, "different": different})
+}
+
+/// The keys of the Endpoints a controller made (upstream's managed-by
+/// label, which endpoints-guard writes too); the user's hand-made Endpoints
+/// of selector-less Services are not among them.
+fn made_by_a_controller(snapshot: &BTreeMap<String, Endpoints>) -> Vec<String> {
+    snapshot
+        .iter()
+        .filter(|(_, ep)| {
+            ep.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(MANAGED_BY))
+                .is_some()
+        })
+        .map(|(k, _)| k.clone())
+        .collect()
+}
+
+fn count(round: &Value, field: &str) -> usize {
+    match &round[field] {
+        Value::Array(items) => items.len(),
+        other => other.as_u64().unwrap_or_default() as usize,
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn matches_kube_controller_manager() -> anyhow::Result<()> {
     let full = std::env::var("EG_PARITY_SCALE").is_ok_and(|s| s == "full");
@@ -104,55 +159,22 @@ async fn matches_kube_controller_manager() -> anyhow::Result<()> {
     );
     let expected = wl.selector_services() + wl.user_endpoints.len();
 
-    // Round 1: upstream alone.
+    // Cold start, upstream alone.
     let kcm = cp.start_controller_manager("endpoints-controller", &[])?;
     let (upstream, upstream_s) =
         converge(&client, &wl, expected, "kube-controller-manager").await?;
     drop(kcm);
-    // Its Endpoints go, so that endpoints-guard starts from nothing too (the user's
-    // hand-made Endpoints of selector-less Services stay).
-    let made_by_upstream: Vec<String> = upstream
-        .iter()
-        .filter(|(_, ep)| {
-            ep.metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(MANAGED_BY))
-                .is_some()
-        })
-        .map(|(k, _)| k.clone())
-        .collect();
-    workload::delete_all_endpoints(&client, made_by_upstream).await?;
+    // Its Endpoints go, so that endpoints-guard starts from nothing too.
+    workload::delete_all_endpoints(&client, made_by_a_controller(&upstream)).await?;
 
-    // Round 2: endpoints-guard alone.
+    // Cold start, endpoints-guard alone.
     let guard = common::Guard::start(client.clone(), &["--resync-interval", "0"]).await?;
     let (ours, ours_s) = converge(&client, &wl, expected, "endpoints-guard").await?;
-    let writes = guard.metric("endpoints_guard_endpoints_writes_total{verb=\"create\"}")
+    let cold_writes = guard.metric("endpoints_guard_endpoints_writes_total{verb=\"create\"}")
         + guard.metric("endpoints_guard_endpoints_writes_total{verb=\"update\"}");
-    guard.stop().await;
-
-    let upstream_view = comparable_all(&upstream);
-    let ours_view = comparable_all(&ours);
-    let mut identical = 0;
-    let mut different = Vec::new();
-    let keys: std::collections::BTreeSet<&String> =
-        upstream_view.keys().chain(ours_view.keys()).collect();
-    for key in keys {
-        match (upstream_view.get(key), ours_view.get(key)) {
-            (Some(a), Some(b)) if a == b => identical += 1,
-            (Some(a), Some(b)) => {
-                different.push(json!({"service": key, "diff": first_difference(a, b)}))
-            }
-            (Some(_), None) => different
-                .push(json!({"service": key, "diff": "missing from endpoints-guard's run"})),
-            (None, _) => {
-                different.push(json!({"service": key, "diff": "missing from upstream's run"}))
-            }
-        }
-    }
     // endpoints-guard wrote them (upstream's were deleted before its round),
     // with upstream's managed-by value.
-    assert!(writes > 0.0, "endpoints-guard wrote no Endpoints");
+    assert!(cold_writes > 0.0, "endpoints-guard wrote no Endpoints");
     for (key, ep) in &ours {
         let label = ep.metadata.labels.as_ref().and_then(|l| l.get(MANAGED_BY));
         if upstream
@@ -168,23 +190,60 @@ async fn matches_kube_controller_manager() -> anyhow::Result<()> {
             );
         }
     }
+    let mut cold = compare(&upstream, &ours);
+    cold["upstream_converge_seconds"] = json!(upstream_s);
+    cold["endpoints_guard_converge_seconds"] = json!(ours_s);
+    cold["endpoints_guard_writes"] = json!(cold_writes);
+
+    // After churn: endpoints-guard, still running, follows the changes.
+    let changed = wl.churn(&client).await?;
+    let (ours_churned, ours_churn_s) =
+        converge(&client, &wl, expected, "endpoints-guard after churn").await?;
+    let writes = guard.metric("endpoints_guard_endpoints_writes_total{verb=\"create\"}")
+        + guard.metric("endpoints_guard_endpoints_writes_total{verb=\"update\"}")
+        + guard.metric("endpoints_guard_endpoints_writes_total{verb=\"delete\"}");
+    guard.stop().await;
+    assert!(
+        writes > cold_writes,
+        "endpoints-guard wrote nothing after {changed} changes"
+    );
+    // Upstream computes the changed workload from nothing.
+    workload::delete_all_endpoints(&client, made_by_a_controller(&ours_churned)).await?;
+    let kcm = cp.start_controller_manager("endpoints-controller", &[])?;
+    let (upstream_churned, upstream_churn_s) = converge(
+        &client,
+        &wl,
+        expected,
+        "kube-controller-manager after churn",
+    )
+    .await?;
+    drop(kcm);
+    let mut after_churn = compare(&upstream_churned, &ours_churned);
+    after_churn["objects_changed"] = json!(changed);
+    after_churn["upstream_converge_seconds"] = json!(upstream_churn_s);
+    after_churn["endpoints_guard_converge_seconds"] = json!(ours_churn_s);
+    after_churn["endpoints_guard_writes"] = json!(writes - cold_writes);
+
+    let identical = count(&cold, "identical") + count(&after_churn, "identical");
+    let different = count(&cold, "different") + count(&after_churn, "different");
     let report = json!({
         "services": wl.services.len(),
         "pods": wl.pods.len(),
-        "endpoints_compared": upstream_view.len().max(ours_view.len()),
         "identical": identical,
         "different": different,
-        "upstream_converge_seconds": upstream_s,
-        "endpoints_guard_converge_seconds": ours_s,
-        "endpoints_guard_writes": writes,
+        "cold_start": cold,
+        "after_churn": after_churn,
         "scale": if full { "full" } else { "small" },
     });
     let path = workload::write_parity_report("report.json", &report)?;
-    eprintln!(
-        "parity: {identical} identical, {} different; report in {}",
-        different.len(),
-        path.display()
-    );
+    for (name, round) in [("cold start", &cold), ("after churn", &after_churn)] {
+        eprintln!(
+            "parity, {name}: {} identical, {} different",
+            count(round, "identical"),
+            count(round, "different")
+        );
+    }
+    eprintln!("parity: report in {}", path.display());
     assert!(
         ours.get(&format!("{}/big", wl.namespaces[0]))
             .is_some_and(|ep| ep.metadata.annotations.as_ref().is_some_and(|a| a
@@ -193,9 +252,9 @@ async fn matches_kube_controller_manager() -> anyhow::Result<()> {
         "the Service over 1000 pods must be truncated"
     );
     assert!(
-        different.is_empty(),
+        different == 0,
         "Endpoints differ from upstream: {}",
-        serde_json::to_string_pretty(&different)?
+        serde_json::to_string_pretty(&json!([cold["different"], after_churn["different"]]))?
     );
     Ok(())
 }

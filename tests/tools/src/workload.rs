@@ -284,6 +284,164 @@ impl Workload {
         Ok(())
     }
 
+    /// Changes the workload after it was reconciled, as a cluster changes
+    /// under a running controller: pods deleted, readiness flipped (the big
+    /// Service's too, so which 1000 addresses it keeps changes), pods added,
+    /// a Service's target port, ports, selector, labels and
+    /// publishNotReadyAddresses changed, a Service deleted and one created.
+    /// The number of selector Services stays the same. Returns how many
+    /// objects changed.
+    pub async fn churn(&self, client: &Client) -> Result<usize> {
+        let mut changed = 0;
+        let ordinary = self.pods.len() - self.big_service_pods();
+        for (index, (pod, status)) in self.pods.iter().enumerate() {
+            let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+            let name = pod.metadata.name.as_deref().unwrap_or_default();
+            let api = Api::<Pod>::namespaced(client.clone(), ns);
+            let big = index >= ordinary;
+            if !big && index % 17 == 2 {
+                let now = DeleteParams {
+                    grace_period_seconds: Some(0),
+                    ..DeleteParams::default()
+                };
+                api.delete(name, &now)
+                    .await
+                    .with_context(|| format!("deleting pod {ns}/{name}"))?;
+                changed += 1;
+            } else if ((!big && index % 10 == 4) || (big && index % 50 == 1))
+                && status["phase"] == "Running"
+            {
+                let ready = status["conditions"][0]["status"] == "True";
+                let flipped = json!({"status": {"conditions": [{"type": "Ready",
+                    "status": if ready {"False"} else {"True"},
+                    "lastTransitionTime": "2026-02-01T00:00:00Z"}]}});
+                api.patch_status(name, &PatchParams::default(), &Patch::Merge(flipped))
+                    .await
+                    .with_context(|| format!("flipping readiness of pod {ns}/{name}"))?;
+                changed += 1;
+            }
+        }
+        // A copy of the first pod of every 7th ordinary Service, with a
+        // status (and IPs) of its own.
+        let mut added = 0;
+        for (index, (pod, status)) in self.pods[..ordinary].iter().enumerate() {
+            let Some(name) = pod.metadata.name.as_deref() else {
+                continue;
+            };
+            if !name.ends_with("-pod-0") || index % 7 != 0 {
+                continue;
+            }
+            let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+            let mut copy = pod.clone();
+            copy.metadata.name = Some(format!("{name}-churn"));
+            if let Some(spec) = copy.spec.as_mut()
+                && let Some(hostname) = spec.hostname.as_mut()
+            {
+                hostname.push_str("-churn");
+            }
+            let dual_stack = status["podIPs"]
+                .as_array()
+                .is_some_and(|ips| ips.len() == 2);
+            let new_status = status_for(self.pods.len() + added, dual_stack);
+            let api = Api::<Pod>::namespaced(client.clone(), ns);
+            api.create(&PostParams::default(), &copy)
+                .await
+                .with_context(|| format!("creating pod {ns}/{name}-churn"))?;
+            api.patch_status(
+                &format!("{name}-churn"),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": new_status})),
+            )
+            .await
+            .with_context(|| format!("writing the status of pod {ns}/{name}-churn"))?;
+            added += 1;
+        }
+        changed += added;
+        // The first Service of some kinds, changed (kinds: service_spec).
+        let first_of_kind = |kind: usize| {
+            self.services
+                .iter()
+                .find(|s| {
+                    s.metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get("kind"))
+                        .is_some_and(|k| *k == kind.to_string())
+                })
+                .and_then(|s| Some((s.metadata.namespace.clone()?, s.metadata.name.clone()?)))
+        };
+        let other_app = self
+            .services
+            .iter()
+            .filter_map(|s| s.spec.as_ref()?.selector.as_ref()?.get("app").cloned())
+            .nth(1)
+            .unwrap_or_default();
+        let patches = [
+            (
+                0,
+                json!({"spec": {"ports": [{"port": 80, "targetPort": 8081}]}}),
+            ),
+            (
+                1,
+                json!({"spec": {"ports": [
+                    {"name": "http", "port": 80, "targetPort": "http", "appProtocol": "http"},
+                    {"name": "metrics", "port": 9100, "targetPort": 9100}]}}),
+            ),
+            (2, json!({"spec": {"publishNotReadyAddresses": false}})),
+            (3, json!({"metadata": {"labels": {"churn": "relabelled"}}})),
+            (6, json!({"spec": {"selector": {"app": other_app}}})),
+        ];
+        for (kind, patch) in patches {
+            let Some((ns, name)) = first_of_kind(kind) else {
+                continue;
+            };
+            Api::<Service>::namespaced(client.clone(), &ns)
+                .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
+                .await
+                .with_context(|| format!("changing service {ns}/{name}"))?;
+            changed += 1;
+        }
+        // One selector Service goes, another comes selecting its pods.
+        if let Some((ns, name)) = first_of_kind(5) {
+            let services = Api::<Service>::namespaced(client.clone(), &ns);
+            let gone = services
+                .delete(&name, &DeleteParams::default())
+                .await
+                .with_context(|| format!("deleting service {ns}/{name}"))?;
+            let spec = gone
+                .left()
+                .and_then(|s| s.spec)
+                .context("the deleted Service's spec")?;
+            let replacement = json!({"apiVersion": "v1", "kind": "Service",
+                "metadata": meta(&ns, &format!("{name}-churn"), labels(&[("team", "parity")])),
+                "spec": {"selector": spec.selector, "ports": spec.ports,
+                         "ipFamilyPolicy": spec.ip_family_policy, "ipFamilies": spec.ip_families}});
+            services
+                .create(
+                    &PostParams::default(),
+                    &serde_json::from_value(replacement)?,
+                )
+                .await
+                .with_context(|| format!("creating service {ns}/{name}-churn"))?;
+            changed += 2;
+        }
+        Ok(changed)
+    }
+
+    /// Pods of the Service over 1000 addresses: the last ones generated.
+    fn big_service_pods(&self) -> usize {
+        self.pods
+            .iter()
+            .filter(|(p, _)| {
+                p.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get("app"))
+                    .is_some_and(|app| app == "big")
+            })
+            .count()
+    }
+
     /// Services whose Endpoints a controller writes (selector present, not ExternalName).
     pub fn selector_services(&self) -> usize {
         self.services
