@@ -26,7 +26,7 @@ use kube::api::Api;
 use super::*;
 
 /// The row's name.
-pub(super) const ROW: &str = "lost pod DELETE in the watch cache, at scale";
+pub(super) const ROW: &str = eg_tools::node::AT_SCALE_ROW;
 /// The fake nodes' Services and pods.
 const SCALE_NS: &str = "eg-scale";
 /// kube-apiserver's check every 5 to 7.5 minutes, then the resync at its

@@ -143,14 +143,7 @@ pub fn workspace_root() -> Result<PathBuf> {
 pub fn kubernetes_version(workspace_root: &Path) -> Result<String> {
     let wanted = std::env::var(KUBE_VERSION_ENV).ok();
     let minor = pick_release(&pinned_minors(workspace_root)?, wanted.as_deref())?;
-    let go_mod = workspace_root
-        .join(RELEASE_PINS)
-        .join(minor.dir_name())
-        .join("go.mod");
-    let text = std::fs::read_to_string(&go_mod)
-        .with_context(|| format!("reading {}", go_mod.display()))?;
-    let version = parse_kubernetes_version(&text)
-        .with_context(|| format!("no `k8s.io/kubernetes vX.Y.Z` line in {}", go_mod.display()))?;
+    let version = pinned_version(workspace_root, minor)?;
     // An exact version asked for must be the one pinned: another would be
     // reported as what ran while it did not.
     if let Some(exact) = wanted.as_deref().map(|w| w.trim_start_matches('v'))
@@ -163,6 +156,19 @@ pub fn kubernetes_version(workspace_root: &Path) -> Result<String> {
         );
     }
     Ok(version)
+}
+
+/// The Kubernetes version pinned for `minor` (e.g. `v1.34.4`), read from
+/// its pins.
+pub fn pinned_version(workspace_root: &Path, minor: Minor) -> Result<String> {
+    let go_mod = workspace_root
+        .join(RELEASE_PINS)
+        .join(minor.dir_name())
+        .join("go.mod");
+    let text = std::fs::read_to_string(&go_mod)
+        .with_context(|| format!("reading {}", go_mod.display()))?;
+    parse_kubernetes_version(&text)
+        .with_context(|| format!("no `k8s.io/kubernetes vX.Y.Z` line in {}", go_mod.display()))
 }
 
 /// `<workspace root>/<under>/<k8s version>`: the folder a tool keeps for the
@@ -179,7 +185,7 @@ pub struct Minor(pub u32, pub u32);
 
 impl Minor {
     /// `1.34`, `v1.34`, or a patch version of it (`1.34.4`).
-    fn parse(text: &str) -> Option<Self> {
+    pub fn parse(text: &str) -> Option<Self> {
         let mut parts = text.strip_prefix('v').unwrap_or(text).split('.');
         let major = parts.next()?.parse().ok()?;
         let minor = parts.next()?.parse().ok()?;

@@ -30,6 +30,12 @@ use eg_harness::process::Process;
 use eg_harness::{ControlPlane, ControlPlaneOptions, SecondApiserver};
 use host::{HostSnapshot, run};
 
+/// The name of the real-node row of a pod DELETE lost in the watch cache
+/// with hundreds of Services on fake nodes beside the real one
+/// (`tests/e2e/real_node/at_scale.rs`): judged by how long the dead pod's
+/// address stayed published, not by requests (`make matrix` reads it).
+pub const AT_SCALE_ROW: &str = "lost pod DELETE in the watch cache, at scale";
+
 /// The node's address: the bridge's gateway address, where kube-apiserver
 /// listens and what the `kubernetes` Service points at.
 pub const NODE_IP: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 1);
