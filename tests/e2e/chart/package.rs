@@ -68,6 +68,36 @@ fn chart_metadata_is_complete_and_packages() -> Result<()> {
     Ok(())
 }
 
+/// Chart.yaml's `kubeVersion` is exactly the releases endpoints-guard has
+/// the rules of (`KubeRelease`), which are the releases pinned for the
+/// tests (`tests/controlplane/kubernetes/`), and helm holds an install to
+/// it: the oldest and newest patch of the range render, the minors beside
+/// it do not.
+#[test]
+fn kube_version_is_the_supported_range() -> Result<()> {
+    use endpoints_guard::desired::KubeRelease;
+    let chart = chart_yaml()?;
+    let (oldest, newest) = (KubeRelease::OLDEST.minor(), KubeRelease::NEWEST.minor());
+    assert_eq!(
+        chart["kubeVersion"].as_str(),
+        Some(format!(">=1.{oldest}.0-0 <1.{}.0-0", newest + 1).as_str())
+    );
+    let pinned: Vec<u32> = eg_harness::binaries::pinned_minors(&root())?
+        .iter()
+        .map(|m| m.1)
+        .collect();
+    let supported: Vec<u32> = KubeRelease::ALL.iter().map(|r| r.minor()).collect();
+    assert_eq!(pinned, supported, "pinned releases against --kube-rules");
+    let renders = |version: &str| template_with(&["--kube-version", version], &[]).is_ok();
+    for inside in [format!("1.{oldest}.0"), format!("1.{newest}.9")] {
+        assert!(renders(&inside), "{inside} refused");
+    }
+    for outside in [format!("1.{}.9", oldest - 1), format!("1.{}.0", newest + 1)] {
+        assert!(!renders(&outside), "{outside} accepted");
+    }
+    Ok(())
+}
+
 /// A parent chart that depends on this one through `file://`, rendered with
 /// `global:` values (which every chart of a parent receives) and values for
 /// the dependency under its name.
