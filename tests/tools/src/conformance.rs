@@ -65,6 +65,47 @@ pub const FAKE_NODE_SPECS: [Spec; 9] = [
     },
 ];
 
+/// The fake-node specs of v1.34.4's suite, where they were named and cut
+/// otherwise: 1.35 moved the API Server and Endpoints lifecycle specs to
+/// `apiserver.go` and `endpoints.go` (describes "API Server", "Endpoints"),
+/// split "create and delete Endpoints and EndpointSlices for a Service with a
+/// selector specified" into one spec per controller, and added
+/// "EndpointsController should create Endpoints for Pods matching a
+/// Service". Read in `test/e2e/network/` of each release.
+pub const FAKE_NODE_SPECS_1_34: [Spec; 7] = [
+    Spec {
+        name: "[sig-network] EndpointSlice should have Endpoints and EndpointSlices pointing to API Server [Conformance]",
+        why: "the kubernetes Service's slice comes from kube-apiserver's lease reconciler; the controllers must leave it alone",
+    },
+    Spec {
+        name: "[sig-network] Services should test the lifecycle of an Endpoint [Conformance]",
+        why: "user-made Endpoints of a selector-less Service are created, patched, deleted by collection; the Endpoints controller must not touch them",
+    },
+    Spec {
+        name: "[sig-network] EndpointSlice should create and delete Endpoints and EndpointSlices for a Service with a selector specified [Conformance]",
+        why: "both controllers: an empty Endpoints and the placeholder slice for a selector matching nothing, deleted with the Service",
+    },
+    FAKE_NODE_SPECS[5],
+    FAKE_NODE_SPECS[6],
+    FAKE_NODE_SPECS[7],
+    FAKE_NODE_SPECS[8],
+];
+
+/// The fake-node specs of the suite of `kubernetes` (`v1.34.4`, ...): as
+/// [`FAKE_NODE_SPECS_1_34`] names them up to 1.34, as [`FAKE_NODE_SPECS`]
+/// from 1.35.
+pub fn fake_node_specs(kubernetes: &str) -> &'static [Spec] {
+    let minor = kubernetes
+        .trim_start_matches('v')
+        .split('.')
+        .nth(1)
+        .and_then(|m| m.parse::<u32>().ok());
+    match minor {
+        Some(minor) if minor <= 34 => &FAKE_NODE_SPECS_1_34,
+        _ => &FAKE_NODE_SPECS,
+    }
+}
+
 /// Specs of the same suite that exercise these controllers but need a real
 /// node (exec into a container, container logs, traffic through kube-proxy,
 /// Service names resolved, readiness from a kubelet's probes), and why: run
@@ -462,6 +503,38 @@ mod tests {
         names.sort();
         names.dedup();
         assert_eq!(names.len(), FAKE_NODE_SPECS.len() + REAL_NODE_SPECS.len());
+    }
+
+    #[test]
+    fn each_release_runs_its_own_names_of_the_fake_node_specs() {
+        assert_eq!(fake_node_specs("v1.34.4").len(), 7);
+        for newer in ["v1.35.4", "v1.36.3", "v1.37.2", "1.37"] {
+            assert_eq!(
+                fake_node_specs(newer).len(),
+                FAKE_NODE_SPECS.len(),
+                "{newer}"
+            );
+        }
+        let mut names: Vec<String> = FAKE_NODE_SPECS_1_34
+            .iter()
+            .chain(&REAL_NODE_SPECS)
+            .map(|s| bare_name(s.name))
+            .collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(
+            names.len(),
+            FAKE_NODE_SPECS_1_34.len() + REAL_NODE_SPECS.len()
+        );
+        // The names 1.35 changed are not asked of 1.34's suite.
+        for spec in &FAKE_NODE_SPECS_1_34 {
+            assert!(!spec.name.contains("EndpointsController"), "{}", spec.name);
+            assert!(
+                !spec.name.starts_with("[sig-network] API Server"),
+                "{}",
+                spec.name
+            );
+        }
     }
 
     #[test]

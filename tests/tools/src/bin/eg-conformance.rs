@@ -50,7 +50,7 @@ use eg_harness::loopback;
 use eg_harness::process::{Process, free_port};
 use eg_harness::{ControlPlane, ControlPlaneOptions};
 use eg_tools::conformance::{
-    Columns, FAKE_NODE_SPECS, Outcome, REAL_NODE_SPECS, Row, Spec, SpecResult, focus,
+    Columns, Outcome, REAL_NODE_SPECS, Row, Spec, SpecResult, fake_node_specs, focus,
     read_ginkgo_report, report_json, report_markdown, rows, verdict,
 };
 use eg_tools::node::{self, NodeImages, NodeOptions, RealNode};
@@ -388,12 +388,13 @@ async fn run_suite(
     read_ginkgo_report(&text, specs)
 }
 
-/// Runs the fake-node specs against one fresh cluster; the results by spec
+/// Runs the fake-node `specs` against one fresh cluster; the results by spec
 /// name.
 async fn run_column(
     column: Column,
     paths: &Paths,
     advertise: IpAddr,
+    specs: &[Spec],
 ) -> Result<BTreeMap<String, SpecResult>> {
     let dir = paths.out.join(column.dir_name());
     fresh_dir(&dir)?;
@@ -409,7 +410,7 @@ async fn run_column(
         paths,
         cluster.cp.kubeconfig_path(),
         &dir,
-        &FAKE_NODE_SPECS,
+        specs,
     )
     .await;
     let copied = copy_logs(cluster.cp.log_dir(), &dir.join("logs"));
@@ -632,6 +633,8 @@ async fn main() -> Result<()> {
     let mut results: BTreeMap<&str, BTreeMap<String, SpecResult>> = BTreeMap::new();
     let kubernetes = binaries::kubernetes_version(&root)?;
     eprintln!("conformance: Kubernetes {kubernetes}");
+    // The suite of each release names its specs as that release does.
+    let fake_specs = fake_node_specs(&kubernetes);
     let mut context = json!({"kubernetes": kubernetes});
 
     if nodes.fake() {
@@ -646,7 +649,7 @@ async fn main() -> Result<()> {
         );
         let fake_started = Instant::now();
         for column in &columns {
-            let found = run_column(*column, &paths, advertise).await?;
+            let found = run_column(*column, &paths, advertise, fake_specs).await?;
             results.entry(column.dir_name()).or_default().extend(found);
         }
         drop(dummy);
@@ -696,7 +699,7 @@ async fn main() -> Result<()> {
         endpoints_guard: results.get(Column::Guard.dir_name()),
         opt_in: results.get(Column::OptIn.dir_name()),
     };
-    let specs: Vec<Spec> = FAKE_NODE_SPECS
+    let specs: Vec<Spec> = fake_specs
         .iter()
         .chain(REAL_NODE_SPECS.iter())
         .copied()
