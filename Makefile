@@ -35,7 +35,7 @@ RELEASE_BINS := -p endpoints-guard -p watch-chaos --bins
 # Tests start several control planes; two at a time fits a 2-core machine.
 TEST_THREADS ?= 2
 # The oldest pinned Kubernetes release (v1.34): make test runs parity on it too.
-OLDEST_KUBE := $(firstword $(shell ls tests/controlplane/kubernetes | sort -V))
+OLDEST_KUBE := $(firstword $(shell ls tests/controlplane/kubernetes | grep '^v1\.' | sort -V))
 
 .PHONY: all build controlplane toolchain fmt-check clippy doc unit-test e2e-test test parity demo clean chaos
 

@@ -361,11 +361,11 @@ fn version_key(version: &Value) -> Option<Minor> {
 fn what_changes(minor: Minor) -> &'static str {
     match minor {
         Minor(1, 34) => {
-            "ports and subsets ordered by MD5; `PreferSameTrafficDistribution` may be off (`--feature-gates`)"
+            "MD5 order of ports and subsets; `PreferSameTrafficDistribution` may be off (`--feature-gates`)"
         }
-        Minor(1, 35) => "ordered by FNV-1a 128; that gate locked on",
-        Minor(1, 36) => "writes what 1.35 writes (its upstream fixes apply on every release)",
-        Minor(1, 37) => "writes what 1.36 writes",
+        Minor(1, 35) => "FNV-1a 128 order; that gate locked on",
+        Minor(1, 36) => "as 1.35 (the bugs 1.36 fixed stay fixed on every release)",
+        Minor(1, 37) => "as 1.36",
         _ => "see docs/versions.md",
     }
 }
