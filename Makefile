@@ -52,7 +52,7 @@ fmt-check: toolchain
 	$(CARGO) fmt --all -- --check
 
 clippy: toolchain
-	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets --features endpoints-guard/profiling -- -D warnings
 
 unit-test: toolchain
 	$(CARGO) test --workspace --lib --bins
@@ -80,6 +80,7 @@ test: fmt-check clippy doc lint-shell controlplane conformance-build
 # crates.io would take it (packaged, then built from the package alone).
 doc: toolchain
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc -p hardened-watcher --no-deps --features testing
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc -p endpoints-guard --no-deps --lib
 	$(CARGO) package -p hardened-watcher --allow-dirty
 
 parity: controlplane

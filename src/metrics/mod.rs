@@ -3,7 +3,7 @@
 //! reasons, verbs), never object names, so cardinality stays bounded.
 //!
 //! Every series a labelled metric can have (all combinations of its fixed label
-//! sets) is exported at 0 from start-up ([`Metrics::export_fixed_series`]): a
+//! sets) is exported at 0 from start-up (`Metrics::export_fixed_series`): a
 //! counter's first increment is then an increase Prometheus sees (a series that
 //! first appears at 1 has no `increase()`, and an alert on it stays silent). A
 //! new label value is one entry in its list: a variant in its enum's `ALL`, or a
