@@ -317,7 +317,10 @@ async fn a_delete_lost_in_the_watch_cache_is_found_by_the_resyncs_exact_list() -
         env.guard.metric("endpoints_guard_ghost_scan_reads_total") == 0.0,
         "the ghost scan was off"
     );
-    ensure!(took <= Duration::from_secs(300), "finding the ghost took {took:?}");
+    ensure!(
+        took <= Duration::from_secs(300),
+        "finding the ghost took {took:?}"
+    );
     env.assert_no_spurious_deletions();
     env.guard.stop().await;
     Ok(())
