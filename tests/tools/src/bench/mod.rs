@@ -128,8 +128,9 @@ impl BenchOptions {
             // informers as at its defaults, so the same answer.
             ghost_controllers: vec![Controller::Guard, Controller::Upstream],
             ghost_kinds: Kind::ALL.to_vec(),
-            // endpoints-guard's bound at its defaults (the check's 7.5
-            // minutes plus a 2-minute resync) and a minute.
+            // The 10 minutes within which a ghost's address must go (at
+            // endpoints-guard's defaults: the check's 7.5 minutes plus a
+            // 2-minute resync), and a minute.
             ghost_timeout: Duration::from_secs(660),
             etcd_compaction_interval: None,
             out_dir,
