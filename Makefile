@@ -89,7 +89,8 @@ parity: controlplane
 # Bench size: S = 100 Services × 1,000 pods, M = 1,000 × 10,000, L = 3,000 × 30,000,
 # XL = 10,000 × 100,000, or a number N of Services (N × 10N). Each size runs
 # endpoints-guard, kube-controller-manager (client QPS 20) and kube-controller-manager
-# with --kube-api-qps/--kube-api-burst 1000 (docs/bench-xl.md).
+# with --kube-api-qps/--kube-api-burst 1000 (docs/bench-xl.md); the first two also
+# through a pod DELETE lost in kube-apiserver's watch cache (the ghost phase, docs/bench.md).
 # REPEAT=N runs every controller N times on the one workload (reports in
 # target/bench/run-<i>/), for the spread between runs.
 SIZE ?= S
