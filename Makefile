@@ -62,7 +62,7 @@ fmt-check: toolchain
 	$(CARGO) fmt --all -- --check
 
 clippy: toolchain
-	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets --features endpoints-guard/profiling -- -D warnings
 
 unit-test: toolchain
 	$(CARGO) test --workspace --lib --bins
@@ -93,6 +93,7 @@ test: fmt-check clippy doc lint-shell controlplane controlplane-oldest conforman
 # crates.io would take it (packaged, then built from the package alone).
 doc: toolchain
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc -p hardened-watcher --no-deps --features testing
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc -p endpoints-guard --no-deps --lib
 	$(CARGO) package -p hardened-watcher --allow-dirty
 
 parity: controlplane
@@ -115,7 +116,8 @@ matrix: toolchain
 # Bench size: S = 100 Services × 1,000 pods, M = 1,000 × 10,000, L = 3,000 × 30,000,
 # XL = 10,000 × 100,000, or a number N of Services (N × 10N). Each size runs
 # endpoints-guard, kube-controller-manager (client QPS 20) and kube-controller-manager
-# with --kube-api-qps/--kube-api-burst 1000 (docs/bench-xl.md).
+# with --kube-api-qps/--kube-api-burst 1000 (docs/bench-xl.md); the first two also
+# through a pod DELETE lost in kube-apiserver's watch cache (the ghost phase, docs/bench.md).
 # REPEAT=N runs every controller N times on the one workload (reports in
 # target/bench/run-<i>/), for the spread between runs.
 SIZE ?= S

@@ -8,80 +8,7 @@ use clap::{Parser, ValueEnum};
 
 pub use crate::desired::scope::Scope;
 use crate::desired::{FeatureGates, KubeRelease, ManagedBy};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Mode {
-    /// Keep Endpoints in sync with Services and Pods.
-    Enforce,
-    /// Write nothing: compute desired Endpoints, report divergences and deletions
-    /// made by others while their Service existed.
-    Audit,
-}
-
-/// One of the controllers this binary runs (`--controllers`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, ValueEnum)]
-pub enum Controller {
-    /// Endpoints (`v1`), in place of kube-controller-manager's
-    /// `endpoint-controller`.
-    Endpoints,
-    /// EndpointSlices (`discovery.k8s.io/v1`), in place of
-    /// kube-controller-manager's `endpointslice-controller`.
-    Endpointslices,
-}
-
-impl Controller {
-    pub const ALL: [Controller; 2] = [Controller::Endpoints, Controller::Endpointslices];
-
-    /// The bounded `controller` label value (also the flag value).
-    pub fn metric_label(self) -> &'static str {
-        match self {
-            Controller::Endpoints => "endpoints",
-            Controller::Endpointslices => "endpointslices",
-        }
-    }
-}
-
-/// The controllers that run: a set, whatever order or repeats the flag had.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Controllers {
-    endpoints: bool,
-    endpointslices: bool,
-}
-
-impl Controllers {
-    /// Both, as by default.
-    pub const ALL: Controllers = Controllers {
-        endpoints: true,
-        endpointslices: true,
-    };
-
-    pub fn of(list: &[Controller]) -> Self {
-        Controllers {
-            endpoints: list.contains(&Controller::Endpoints),
-            endpointslices: list.contains(&Controller::Endpointslices),
-        }
-    }
-
-    pub fn contains(self, controller: Controller) -> bool {
-        match controller {
-            Controller::Endpoints => self.endpoints,
-            Controller::Endpointslices => self.endpointslices,
-        }
-    }
-
-    /// The running ones, in [`Controller::ALL`] order.
-    pub fn iter(self) -> impl Iterator<Item = Controller> {
-        Controller::ALL
-            .into_iter()
-            .filter(move |c| self.contains(*c))
-    }
-}
-
-impl std::fmt::Display for Controller {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.metric_label())
-    }
-}
+pub use crate::settings::{Controller, Controllers, Mode};
 
 /// How objects come off the wire (`--wire`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -207,7 +134,7 @@ pub struct Config {
 
     /// How often to list everything from the API and repair what the watch
     /// missed (e.g. 90s, 2m, 1h; 0 turns it off). Each list asks for exactly
-    /// the resourceVersion the cache has reached, which kube-apiserver
+    /// the store's current resourceVersion, which kube-apiserver
     /// (v1.34+) serves from etcd once its own check (every 5 to 7.5 minutes)
     /// found its watch cache inconsistent: an object that cache kept after
     /// etcd deleted it is found within this long of that check.
@@ -347,6 +274,20 @@ impl Config {
     /// The controllers to run.
     pub fn controller_set(&self) -> Controllers {
         Controllers::of(&self.controllers)
+    }
+
+    /// The leader election `--leader-elect` asks for; `None` without it.
+    pub fn leader_settings(&self) -> Result<Option<crate::leader::Settings>, String> {
+        if !self.leader_elect {
+            return Ok(None);
+        }
+        self.validate()?;
+        Ok(Some(crate::leader::Settings::new(
+            self.leader_election_namespace.as_deref(),
+            &self.leader_election_lease_name,
+            self.leader_election_lease_duration,
+            self.leader_election_renew_grace,
+        )))
     }
 
     /// The managed-by values written: `--managed-by`, else upstream's in all
@@ -492,6 +433,23 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--managed-by`: upstream's values by default (what conformance specs
+    /// check), `own` writes endpoints-guard's; nothing else is accepted.
+    #[test]
+    fn managed_by_flag_picks_the_written_values() {
+        let parse = |args: &[&str]| {
+            let argv = std::iter::once("endpoints-guard").chain(args.iter().copied());
+            Config::try_parse_from(argv).map(|c| c.managed_by())
+        };
+        assert_eq!(parse(&[]).ok(), Some(ManagedBy::Upstream));
+        assert_eq!(parse(&["--managed-by", "own"]).ok(), Some(ManagedBy::Own));
+        assert_eq!(
+            parse(&["--managed-by=upstream"]).ok(),
+            Some(ManagedBy::Upstream)
+        );
+        assert!(parse(&["--managed-by", "endpoints-guard"]).is_err());
+    }
 
     #[test]
     fn durations() {
@@ -713,5 +671,40 @@ mod tests {
     #[test]
     fn bad_mode_is_rejected() {
         assert!(Config::try_parse_from(["endpoints-guard", "--mode", "yolo"]).is_err());
+    }
+
+    #[test]
+    fn leader_settings_are_checked() {
+        let parse = |args: &[&str]| {
+            let mut argv = vec!["endpoints-guard"];
+            argv.extend_from_slice(args);
+            Config::try_parse_from(argv).map(|c| c.leader_settings())
+        };
+        assert!(matches!(parse(&[]), Ok(Ok(None))));
+        let ok = parse(&[
+            "--leader-elect",
+            "--leader-election-namespace",
+            "eg",
+            "--leader-election-lease-duration",
+            "4s",
+            "--leader-election-renew-grace",
+            "2s",
+        ]);
+        let Ok(Ok(Some(s))) = ok else {
+            panic!("expected settings, got {ok:?}");
+        };
+        assert_eq!(s.namespace, "eg");
+        assert_eq!(s.lease_name, "endpoints-guard");
+        assert_eq!(s.poll_interval(), Duration::from_millis(500));
+        for bad in [["5s", "5s"], ["1500ms", "1s"], ["10s", "0s"]] {
+            let r = parse(&[
+                "--leader-elect",
+                "--leader-election-lease-duration",
+                bad[0],
+                "--leader-election-renew-grace",
+                bad[1],
+            ]);
+            assert!(matches!(r, Ok(Err(_))), "{bad:?} accepted");
+        }
     }
 }

@@ -6,13 +6,13 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use kube::Client;
 use kube::runtime::events::{Recorder, Reporter};
-use kube::{Api, Client};
 use tokio::sync::watch as signal;
 use tokio::task::JoinSet;
 use tracing::{Instrument, debug_span, error, info, warn};
 
-use crate::config::{Config, Controller, Wire};
+use crate::config::{Config, Wire};
 use crate::desired::Rules;
 use crate::error::Result;
 use crate::metrics::Metrics;
@@ -20,14 +20,10 @@ use crate::reconcile::kinds::{Kind, KindVisitor, for_each_kind};
 use crate::reconcile::latency::WriteClock;
 use crate::reconcile::queue::{Retry, Taken};
 use crate::reconcile::{Context, Stores, Work, enqueue_all, ghost_scan, resync, slice_sync, sync};
+use crate::server::{self, auth, tls};
+use crate::settings::Controller;
 use crate::shutdown::stopped;
-use crate::{metrics_auth, server, tls};
 use hardened_watcher::{Change, WatchObserver, Watcher};
-
-/// The API of kind `K` in `namespace` (when namespaced), or cluster-wide.
-pub fn api<K: Kind>(client: &Client, namespace: Option<&str>) -> Api<K::Object> {
-    K::api(client, namespace)
-}
 
 /// What every watcher is started with.
 struct Watching<'a> {
@@ -53,7 +49,7 @@ impl KindVisitor for Watching<'_> {
         let on_change = move |change: &Change<K::Cached>, received: Instant| {
             K::on_change(&handler, change, received);
         };
-        let mut builder = Watcher::builder(api::<K>(&self.ctx.client, self.namespace))
+        let mut builder = Watcher::builder(K::api(&self.ctx.client, self.namespace))
             .project(K::project)
             .store(K::store(&self.ctx.stores).clone())
             .on_change(on_change)
@@ -101,8 +97,12 @@ pub async fn start(
         controller: "endpoints-guard".into(),
         instance: std::env::var("POD_NAME").ok(),
     };
-    let leadership =
-        crate::leader::Leadership::start(&cfg, &client, metrics.clone(), shutdown.clone())?;
+    let leadership = crate::leader::Leadership::start(
+        cfg.leader_settings().map_err(crate::error::Error::Config)?,
+        &client,
+        metrics.clone(),
+        shutdown.clone(),
+    )?;
     let ctx = Arc::new(Context {
         client: client.clone(),
         metrics: metrics.clone(),
@@ -133,7 +133,7 @@ pub async fn start(
         Some(secure) => {
             let (resolver, reload) =
                 tls::load(&cert_source(&cfg), tls::RELOAD_PERIOD, shutdown.clone())?;
-            let authorizer = Arc::new(metrics_auth::Authorizer::new(client.clone()));
+            let authorizer = Arc::new(auth::Authorizer::new(client.clone()));
             let (secure, serve_secure) = server::bind_secure(
                 secure,
                 metrics.clone(),

@@ -28,8 +28,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{debug, error, info, warn};
 
-use crate::config::Config;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::metrics::Metrics;
 use crate::shutdown::stopped;
 
@@ -46,26 +45,24 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// The settings `cfg` asks for; `None` without `--leader-elect`.
-    pub fn from_config(cfg: &Config) -> Result<Option<Self>> {
-        if !cfg.leader_elect {
-            return Ok(None);
-        }
-        cfg.validate().map_err(Error::Config)?;
-        let duration = cfg.leader_election_lease_duration;
-        let grace = cfg.leader_election_renew_grace;
-        let namespace = cfg
-            .leader_election_namespace
-            .clone()
-            .filter(|ns| !ns.is_empty())
-            .unwrap_or_else(default_namespace);
-        Ok(Some(Self {
-            namespace,
-            lease_name: cfg.leader_election_lease_name.clone(),
+    /// Where and how to hold the Lease: in `namespace` (`None` or empty:
+    /// $POD_NAMESPACE, else the service account's, else "default"), as this
+    /// process's identity.
+    pub fn new(
+        namespace: Option<&str>,
+        lease_name: &str,
+        lease_duration: Duration,
+        renew_grace: Duration,
+    ) -> Self {
+        Self {
+            namespace: namespace
+                .filter(|ns| !ns.is_empty())
+                .map_or_else(default_namespace, str::to_owned),
+            lease_name: lease_name.to_owned(),
             identity: identity(),
-            lease_duration: duration,
-            renew_grace: grace,
-        }))
+            lease_duration,
+            renew_grace,
+        }
     }
 
     /// How often the watchdog reads the Lease: a quarter of the grace, between
@@ -161,14 +158,14 @@ impl Leadership {
     }
 
     /// Starts electing (in the background; the receiver is `false` until the
-    /// Lease is held) when `cfg` asks for it, else [`Leadership::always`].
+    /// Lease is held) with `settings`, else (`None`) [`Leadership::always`].
     pub fn start(
-        cfg: &Config,
+        settings: Option<Settings>,
         client: &Client,
         metrics: Arc<Metrics>,
         shutdown: watch::Receiver<bool>,
     ) -> Result<Self> {
-        let Some(settings) = Settings::from_config(cfg)? else {
+        let Some(settings) = settings else {
             metrics.leader.set(1);
             return Ok(Self::always());
         };
@@ -334,7 +331,6 @@ async fn refresh(leases: &Api<Lease>, s: &Settings, previous: Observed) -> Obser
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
     use k8s_openapi::api::coordination::v1::LeaseSpec;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 
@@ -383,41 +379,6 @@ mod tests {
         );
         assert_eq!(observe(&Lease::default(), "me", grace), Observed::NotOurs);
         assert!(!leading(true, Observed::NotOurs, now));
-    }
-
-    #[test]
-    fn settings_are_checked() {
-        let parse = |args: &[&str]| {
-            let mut argv = vec!["endpoints-guard"];
-            argv.extend_from_slice(args);
-            Config::try_parse_from(argv).map(|c| Settings::from_config(&c))
-        };
-        assert!(matches!(parse(&[]), Ok(Ok(None))));
-        let ok = parse(&[
-            "--leader-elect",
-            "--leader-election-namespace",
-            "eg",
-            "--leader-election-lease-duration",
-            "4s",
-            "--leader-election-renew-grace",
-            "2s",
-        ]);
-        let Ok(Ok(Some(s))) = ok else {
-            panic!("expected settings, got {ok:?}");
-        };
-        assert_eq!(s.namespace, "eg");
-        assert_eq!(s.lease_name, "endpoints-guard");
-        assert_eq!(s.poll_interval(), Duration::from_millis(500));
-        for bad in [["5s", "5s"], ["1500ms", "1s"], ["10s", "0s"]] {
-            let r = parse(&[
-                "--leader-elect",
-                "--leader-election-lease-duration",
-                bad[0],
-                "--leader-election-renew-grace",
-                bad[1],
-            ]);
-            assert!(matches!(r, Ok(Err(_))), "{bad:?} accepted");
-        }
     }
 
     #[test]

@@ -1,29 +1,36 @@
 //! endpoints-guard: a Kubernetes endpoints controller on a hardened watcher.
 //!
-//! - [`desired`]: pure computation of the Endpoints a Service should have.
-//! - `hardened_watcher` (crate `crates/hardened-watcher`): the hardened
-//!   watcher and its caches, knowing nothing of Endpoints.
-//! - [`reconcile`]: work queue, reconcile (observe → desire → guard → apply),
-//!   deletion guard, resync diff.
-//! - [`kinds`]: every watched kind, described once.
-//! - [`controller`]: wires caches, watchers, workers and the metrics server.
-//! - [`metrics`], [`server`]: Prometheus metrics and the health endpoints;
-//!   [`metrics_auth`], [`tls`]: /metrics over HTTPS for authorized callers.
-//! - [`wire`]: slim decode targets for the hot watch paths.
+//! Layers, bottom first; a module uses only its own layer and those below
+//! (tests/e2e/layers.rs keeps it so):
+//!
+//! - [`settings`], [`error`], [`shutdown`], [`ratelimit`]: what every layer
+//!   shares (which controllers run, in which mode; the error enum).
+//! - [`desired`]: pure computation of the Endpoints and EndpointSlices a
+//!   Service should have, and which Services are handled.
+//! - [`wire`]: slim decode targets for the hot watch paths; [`metrics`]: the
+//!   Prometheus registry.
+//! - [`leader`]: Lease election; [`server`]: `/metrics` and the probes, with
+//!   the HTTPS metrics' certificate and authorizer.
+//! - [`reconcile`]: work queues, the reconcile of one Service (observe →
+//!   decide → desire → guard → apply), resync and the ghost scan. The
+//!   watcher itself is the `hardened_watcher` crate
+//!   (`crates/hardened-watcher`), knowing nothing of Endpoints.
+//! - [`config`]: every flag.
+//! - [`startup`]: the client and the preflight checks.
+//! - [`controller`]: the wiring of a run; [`commands`]: the chart's
+//!   `helm test` and pre-delete check.
 
-pub mod check_uninstall;
+pub mod commands;
 pub mod config;
 pub mod controller;
 pub mod desired;
 pub mod error;
 pub mod leader;
 pub mod metrics;
-pub mod metrics_auth;
 pub mod ratelimit;
 pub mod reconcile;
 pub mod server;
+pub mod settings;
 pub mod shutdown;
 pub mod startup;
-pub mod tls;
-pub mod verify_endpoints;
 pub mod wire;

@@ -3,8 +3,9 @@
 
 use anyhow::Context as _;
 use clap::Parser;
+use endpoints_guard::commands::{check_uninstall, verify_endpoints};
 use endpoints_guard::config::{Command, Config, LogFormat};
-use endpoints_guard::{check_uninstall, controller, startup, verify_endpoints};
+use endpoints_guard::{controller, startup};
 use tokio::sync::watch;
 use tracing_subscriber::EnvFilter;
 

@@ -11,12 +11,12 @@ use kube::Client;
 use kube::api::ListParams;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
-use crate::config::{Config, Mode};
-use crate::controller;
+use crate::config::Config;
 use crate::desired::{KubeRelease, Rules};
 use crate::error::{Error, Result};
 use crate::ratelimit::RateLimitLayer;
 use crate::reconcile::kinds::{Kind, KindVisitor, for_each_kind};
+use crate::settings::Mode;
 
 /// Builds a client from `--kubeconfig`/`$KUBECONFIG`, else in-cluster, else
 /// `~/.kube/config`.
@@ -161,7 +161,7 @@ async fn check_list<K: Kind>(client: &Client, cfg: &Config) -> Result<()> {
     }
     let resource = K::RESOURCE;
     let namespace = cfg.namespace.as_deref();
-    let api = controller::api::<K>(client, namespace);
+    let api = K::api(client, namespace);
     match api.list_metadata(&ListParams::default().limit(1)).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(status)) if status.code == 403 => {

@@ -119,7 +119,7 @@ pub trait PodSource {
 
 /// The [`PodSource`] accessors that read `self.spec` and `self.status` by
 /// field name: the same for `Pod` and for the watch's slim `PodWire`
-/// (`src/wire.rs`), whose spec and status keep those fields under the same
+/// (`src/wire/mod.rs`), whose spec and status keep those fields under the same
 /// names and types.
 macro_rules! spec_and_status_accessors {
     () => {

@@ -13,10 +13,10 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::Duration;
 
-use crate::config::Controller;
 use crate::desired::scope::{EndpointsRole, Handling, Invalid, Managed, Managers, Scope};
 use crate::desired::{self, PodInfo};
 use crate::reconcile::kinds::CachedService;
+use crate::settings::Controller;
 
 /// Which managed-by values the objects that exist for a Service carry: for
 /// Endpoints the one object's, for slices any of them.

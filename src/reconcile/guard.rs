@@ -16,36 +16,23 @@ use tracing::{info, warn};
 use super::Context;
 use super::decide::{NamedPod, PodVerdict, Read, pod_verdict, pods_to_confirm};
 use super::kinds::{CachedNode, CachedService};
-use crate::config::Controller;
 use crate::desired::PodInfo;
 use crate::desired::scope::Handling;
 use crate::error::{Error, Result};
+use crate::settings::Controller;
 use hardened_watcher::{Cached, Confirmation, DeletionSource, LiveRead, ObjectKey, live};
 
-/// Every value [`prevention_reason`] returns, and the reasons of a stale
-/// opt-out or takeover (add new ones here too): the metrics export each at 0
-/// from start-up.
-pub const PREVENTION_REASONS: &[&str] = &[
-    "watch_delete",
-    "missing_from_list",
-    "not_in_cache",
-    STALE_OPT_OUT,
-    STALE_TAKEOVER,
-];
-
-/// The cache showed a Service opted out that the API has opted in.
-const STALE_OPT_OUT: &str = "stale_opt_out";
-/// The cache showed an opted-in Service without its selector that the API
-/// has with one (or not opted in): upstream's objects stay upstream's.
-const STALE_TAKEOVER: &str = "stale_takeover";
+use crate::metrics::prevention::{
+    MISSING_FROM_LIST, NOT_IN_CACHE, STALE_OPT_OUT, STALE_TAKEOVER, WATCH_DELETE,
+};
 
 /// Why the cache lacked a Service that a live read found: the bounded `reason`
 /// label of `endpoints_guard_spurious_deletions_prevented_total`.
 fn prevention_reason(source: Option<DeletionSource>) -> &'static str {
     match source {
-        Some(DeletionSource::WatchDelete) => "watch_delete",
-        Some(DeletionSource::MissingFromList) => "missing_from_list",
-        None => "not_in_cache",
+        Some(DeletionSource::WatchDelete) => WATCH_DELETE,
+        Some(DeletionSource::MissingFromList) => MISSING_FROM_LIST,
+        None => NOT_IN_CACHE,
     }
 }
 
@@ -313,9 +300,9 @@ mod tests {
             .map(|s| prevention_reason(Some(*s)))
             .chain([prevention_reason(None), STALE_OPT_OUT, STALE_TAKEOVER])
             .collect();
-        let listed: HashSet<_> = PREVENTION_REASONS.iter().copied().collect();
+        let listed: HashSet<_> = crate::metrics::prevention::ALL.iter().copied().collect();
         assert_eq!(produced, listed);
-        assert_eq!(listed.len(), PREVENTION_REASONS.len());
+        assert_eq!(listed.len(), crate::metrics::prevention::ALL.len());
     }
 
     #[test]

@@ -15,9 +15,9 @@ use super::guard::{hold_unconfirmed_pod_deletions, read_service};
 use super::kinds::CachedService;
 use super::kinds::pod_target_refs;
 use super::testkit::{endpoints, pod, scripted, service};
-use crate::config::Controller;
 use crate::desired::PodInfo;
 use crate::reconcile::Context;
+use crate::settings::Controller;
 
 const NS: &str = "ns";
 

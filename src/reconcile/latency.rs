@@ -16,8 +16,8 @@ use std::time::Instant;
 
 use prometheus::Histogram;
 
-use crate::config::Controller;
 use crate::metrics::Metrics;
+use crate::settings::Controller;
 
 /// The two histograms of one controller, resolved once per worker rather
 /// than looked up by label on every reconcile.

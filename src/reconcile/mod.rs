@@ -16,20 +16,17 @@ pub mod sync;
 pub mod trigger;
 
 #[cfg(test)]
-mod flip_profile;
-#[cfg(test)]
 mod guard_tests;
 #[cfg(test)]
 mod sync_tests;
-#[cfg(test)]
-pub(crate) mod testkit;
+#[cfg(any(test, feature = "profiling"))]
+pub mod testkit;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kube::runtime::events::Recorder;
 
-use crate::config::{Controller, Controllers, Mode};
 use crate::desired::scope::Scope;
 use crate::desired::{ManagedBy, PodInfo, Rules};
 use crate::metrics::Metrics;
@@ -38,6 +35,7 @@ use crate::reconcile::kinds::{
     EndpointSliceKind, EndpointsKind, Kind, KindVisitor, NodeKind, PodKind, ServiceKind,
     for_each_kind,
 };
+use crate::settings::{Controller, Controllers, Mode};
 use hardened_watcher::{Cached, ObjectKey, Store, StoreHandle};
 use tokio::sync::watch;
 

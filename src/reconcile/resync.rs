@@ -17,10 +17,10 @@ use futures::future::{BoxFuture, join_all};
 use tracing::info;
 
 use super::{Context, enqueue_all};
-use crate::config::Controller;
 use crate::desired::scope::{EndpointsRole, Handling};
 use crate::error::{Error, Result};
 use crate::reconcile::kinds::{Kind, KindVisitor, for_each_kind};
+use crate::settings::Controller;
 use hardened_watcher::{Cached, Confirmation, ResyncReport, WatchError};
 
 /// How long one resync waits for a watcher's list.

@@ -25,7 +25,6 @@ use super::kinds::{CachedService, CachedSlice, slice_pod_refs};
 use super::latency::WriteTimer;
 use super::sync::{self, Verb};
 use super::{Context, kinds};
-use crate::config::{Controller, Mode};
 use crate::desired::PodInfo;
 use crate::desired::scope::{Handling, Managed, Managers};
 use crate::desired::slices::{
@@ -33,6 +32,7 @@ use crate::desired::slices::{
     ZoneCapacity,
 };
 use crate::error::{Error, Result, api_code};
+use crate::settings::{Controller, Mode};
 use hardened_watcher::{Cached, ObjectKey, ReadStamp, live};
 
 const CONTROLLER: Controller = Controller::Endpointslices;

@@ -19,11 +19,11 @@ use super::guard;
 use super::kinds::{CachedEndpoints, CachedService, managed_by, pod_target_refs};
 use super::latency::WriteTimer;
 use super::{Context, kinds, orphans};
-use crate::config::{Controller, Mode};
 use crate::desired::scope::Managed;
 use crate::desired::{self, EndpointsMarks, PodInfo};
 use crate::error::{Error, Result, api_code};
 use crate::reconcile::kinds::{Kind, ServiceKind};
+use crate::settings::{Controller, Mode};
 use crate::wire::EndpointsWire;
 use hardened_watcher::{Cached, Confirmation, LiveRead, ObjectKey, Store, live};
 
@@ -223,7 +223,7 @@ async fn reconcile_content(
 }
 
 /// The cached pods of `namespace` that `selector` selects.
-pub(super) fn selected_pods(
+pub fn selected_pods(
     ctx: &Context,
     namespace: &str,
     selector: &std::collections::BTreeMap<String, String>,

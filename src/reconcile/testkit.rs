@@ -10,10 +10,10 @@ use serde_json::json;
 
 use super::latency::{WriteClock, WriteTimer};
 use super::{Context, Stores, Work};
-use crate::config::{Controller, Mode};
 use crate::desired::scope::Scope;
 use crate::desired::{ManagedBy, PodFields, PodInfo};
 use crate::metrics::Metrics;
+use crate::settings::{Controller, Mode};
 
 /// A context whose client talks to `client`'s server, in enforce mode, leading.
 pub fn context_with(client: kube::Client) -> Context {

@@ -20,6 +20,7 @@ mod endpoints_parity;
 mod guard;
 mod harness;
 mod image_smoke;
+mod layers;
 mod leader;
 mod parity_rows;
 mod prometheus;

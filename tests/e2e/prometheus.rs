@@ -28,7 +28,7 @@ use eg_tools::chaos::{ChaosProxy, Expected, failure_a_history};
 use eg_tools::prometheus::{
     ChartMonitoring, Job, Prometheus, Scheme, Target, alert_names, render_chart_monitoring,
 };
-use endpoints_guard::reconcile::guard::PREVENTION_REASONS;
+use endpoints_guard::metrics::prevention::ALL as PREVENTION_REASONS;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Endpoints, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};

@@ -264,7 +264,7 @@ async fn a_delete_lost_in_the_watch_cache_is_found_by_reads_from_etcd() -> Resul
 }
 
 /// A DELETE lost in kube-apiserver's watch cache, with the ghost scan off:
-/// the resync, which lists at exactly the resourceVersion its cache reached,
+/// the resync, which lists at exactly the store's current resourceVersion,
 /// finds it once kube-apiserver serves that list from etcd. It does so once
 /// its own consistency check (every 5 to 7.5 minutes) found its cache
 /// wrong (`make chaos` waits for that, docs/ghosts.md), and, the path this

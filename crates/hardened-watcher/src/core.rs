@@ -3,6 +3,7 @@
 //! what came of them; the unit tests drive the very same core with scripted
 //! pages, lines and reads.
 
+use std::cmp::Ordering;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
@@ -18,6 +19,7 @@ use super::list::{ListDiffBuilder, ListMode, ListOutcome, Page};
 use super::machine::{Action, Machine, PageOutcome, RestartReason};
 use super::object::{Cached, Change, Dispute, LiveRead, ObjectKey, Resolution};
 use super::observer::WatchObserver;
+use super::rv::compare_rv;
 use super::store::{Request, ResyncReport, Store};
 
 /// Where a watcher delivers every change it applies, in order: watch events,
@@ -82,10 +84,27 @@ pub struct WatchCore<T: Cached> {
     /// When the input being applied arrived; handed to the sink with every
     /// change it causes.
     pub(super) arrived: Instant,
-    /// The first page of the list in progress asked for an exact RV.
-    pub(super) listing_exact: bool,
-    /// An exact first page failed: this resync lists consistently.
-    pub(super) exact_refused: bool,
+    /// Where the resync in progress stands on its list at an exact RV.
+    pub(super) exact: ExactResync,
+}
+
+/// A resync lists at exactly the store's current revision, which a one-item
+/// consistent LIST (the probe) reads first: see [`WatchCore::next_step`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(super) enum ExactResync {
+    /// The next resync list probes for the store's revision first.
+    #[default]
+    Unasked,
+    /// The probe is out.
+    Probing,
+    /// The store's revision: the resync's first page asks for it exactly.
+    At(String),
+    /// The first page asked for an exact RV and the list is in progress.
+    Listing,
+    /// The probe or the exact list failed, or the store is below what the
+    /// cache has seen (a rewind, which the latest state shows): this resync
+    /// lists the latest state.
+    Refused,
 }
 
 impl<T: Cached> WatchCore<T> {
@@ -113,8 +132,7 @@ impl<T: Cached> WatchCore<T> {
             replay_until: None,
             report: ResyncReport::default(),
             arrived: Instant::now(),
-            listing_exact: false,
-            exact_refused: false,
+            exact: ExactResync::Unasked,
         }
     }
 
@@ -146,19 +164,21 @@ impl<T: Cached> WatchCore<T> {
     /// The next step. Starting a list takes the cache's high-water mark now,
     /// before the request is sent.
     ///
-    /// A resync's first page asks for exactly that mark
-    /// (`resourceVersionMatch=Exact`) rather than the latest state. Served
-    /// from the API server's watch cache it is the same list, at no extra
-    /// cost; but kube-apiserver (v1.34+, DetectCacheInconsistency) serves an
-    /// exact list from etcd once its own check found its watch cache
-    /// inconsistent (it drops the cache's snapshots), and whenever no
-    /// snapshot of the cache covers the RV. So a DELETE the watch cache lost,
-    /// which every consistent list keeps serving, is missing from such a
-    /// list: the diff makes the ghost a deletion candidate, and a live read
-    /// confirms it. The list is at the list's floor itself, so it can never
-    /// look like a rewound store. Where the server refuses it (an RV it
-    /// compacted; another API server behind it), the resync lists
-    /// consistently instead.
+    /// A resync first reads the store's current revision (a one-item
+    /// consistent LIST, [`Action::Probe`]), then asks for exactly that
+    /// revision (`resourceVersionMatch=Exact`) rather than the latest state.
+    /// Served from the API server's watch cache it is the same list as a
+    /// consistent one, at the cost of one more one-item request: every
+    /// change up to now is in it, a DELETE the watch never delivered too.
+    /// But kube-apiserver (v1.34+, DetectCacheInconsistency) serves an exact
+    /// list from etcd once its own check found its watch cache inconsistent
+    /// (it drops the cache's snapshots and takes no more), and whenever no
+    /// snapshot covers the RV. So a DELETE the watch cache lost, which every
+    /// consistent list keeps serving, is missing from such a list: the diff
+    /// makes the ghost a deletion candidate, and a live read confirms it.
+    /// Where the probe or the exact list fails (an API server that refuses
+    /// it), or the revision is below what the cache has seen (a rewound
+    /// store, which the latest state shows), the resync lists consistently.
     pub fn next_step(&mut self) -> Step {
         if let Some(dispute) = self.disputes.front() {
             self.read_stamp = Some(self.store.read_stamp());
@@ -167,6 +187,12 @@ impl<T: Cached> WatchCore<T> {
             };
         }
         if self.machine.starts_list() && self.list.is_none() {
+            if self.next_mode == ListMode::Resync
+                && matches!(self.exact, ExactResync::Unasked | ExactResync::Probing)
+            {
+                self.exact = ExactResync::Probing;
+                return Step::Act(Action::Probe);
+            }
             self.list = Some(ListDiffBuilder::new(&self.store.read(), self.next_mode));
         }
         let mut action = self.machine.next_action();
@@ -177,21 +203,44 @@ impl<T: Cached> WatchCore<T> {
         } = &mut action
         {
             *exact_rv = self.exact_resync_rv();
-            self.listing_exact = exact_rv.is_some();
+            if exact_rv.is_some() {
+                self.exact = ExactResync::Listing;
+            }
         }
         Step::Act(action)
     }
 
-    /// The RV a resync's first page asks for exactly: its floor, where that
-    /// is a decimal RV and the server has not refused it this resync.
-    fn exact_resync_rv(&self) -> Option<String> {
+    /// The RV a resync's first page asks for exactly: the store's revision
+    /// the probe read, where it is a decimal RV not below the list's floor.
+    fn exact_resync_rv(&mut self) -> Option<String> {
         let list = self.list.as_ref()?;
-        if list.mode() != ListMode::Resync || self.exact_refused {
+        let ExactResync::At(store_rv) = &self.exact else {
+            return None;
+        };
+        if list.mode() != ListMode::Resync {
             return None;
         }
-        let floor = list.floor()?;
-        let decimal = !floor.is_empty() && floor.bytes().all(|b| b.is_ascii_digit());
-        decimal.then(|| floor.to_owned())
+        let decimal = !store_rv.is_empty() && store_rv.bytes().all(|b| b.is_ascii_digit());
+        let behind = list.floor().is_some_and(|floor| {
+            compare_rv(store_rv, floor).is_none_or(|order| order == Ordering::Less)
+        });
+        if !decimal || behind {
+            self.exact = ExactResync::Refused;
+            return None;
+        }
+        Some(store_rv.clone())
+    }
+
+    /// The answer to a resync's probe: the store's revision, or why it could
+    /// not be had (the resync then lists the latest state).
+    pub(super) fn on_resync_probe(&mut self, store_rv: Result<String, kube::Error>) {
+        self.exact = match store_rv {
+            Ok(store_rv) => ExactResync::At(store_rv),
+            Err(err) => {
+                debug!(error = %err, "reading the store's revision for a resync failed; it lists the latest state");
+                ExactResync::Refused
+            }
+        };
     }
 
     /// The pause asked by [`Action::Backoff`] is over.
@@ -213,8 +262,8 @@ impl<T: Cached> WatchCore<T> {
             }
             Err(err) => {
                 self.abort_list();
-                if std::mem::take(&mut self.listing_exact) {
-                    self.exact_refused = true;
+                if self.exact == ExactResync::Listing {
+                    self.exact = ExactResync::Refused;
                     warn!(error = %err, "a resync list at an exact resourceVersion failed; this resync lists the latest state instead");
                 }
                 let reason = self.machine.on_list_error(ApiErrorKind::classify(&err));
@@ -428,7 +477,7 @@ impl<T: Cached> WatchCore<T> {
                     // The list in progress answers it.
                     return false;
                 }
-                self.exact_refused = false;
+                self.exact = ExactResync::Unasked;
                 if self.next_mode == ListMode::Recover {
                     self.next_mode = ListMode::Resync;
                 }

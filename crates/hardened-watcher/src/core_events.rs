@@ -27,6 +27,10 @@ impl<T: Cached> WatchCore<T> {
     /// store has not reached, which the API server accepts and never
     /// answers.
     pub fn on_probe(&mut self, store_rv: Result<String, kube::Error>) {
+        if self.exact == super::core::ExactResync::Probing {
+            self.on_resync_probe(store_rv);
+            return;
+        }
         match store_rv {
             Ok(store_rv) => {
                 let floor = self.store.read().list_floor();

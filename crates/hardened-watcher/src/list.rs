@@ -237,7 +237,7 @@ fn page_request(
 ) -> Result<http::Request<Vec<u8>>, kube::Error> {
     // resourceVersion stays unset: a consistent read, never the possibly
     // stale watch-cache answer that RV "0" would get; or, for a resync's
-    // first page, exactly the store's high-water mark (see
+    // first page, exactly the store's current revision (see
     // `WatchCore::next_step`). A continue token carries the snapshot.
     let mut params = ListParams::default().limit(page.limit);
     if let Some(token) = page.continue_token {

@@ -4,7 +4,7 @@
 //!
 //! Rules (the failures behind them are in the crate documentation):
 //! - LIST is consistent (resourceVersion unset, never "0"; a resync's at
-//!   exactly the store's high-water mark) and paginated; its pages are
+//!   exactly the store's current revision) and paginated; its pages are
 //!   applied as they come ([`ListDiffBuilder`](super::list::ListDiffBuilder)).
 //! - WATCH starts from the list's RV; bookmarks and events advance the resume
 //!   point, which never goes backwards, except when a consistent list shows
@@ -69,7 +69,7 @@ pub enum Phase {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
     /// A consistent LIST page: resourceVersion unset, or for the first page
-    /// of a resync exactly the store's high-water mark (`exact_rv`, set by
+    /// of a resync exactly the store's current revision (`exact_rv`, set by
     /// the core: see `WatchCore::next_step`); `continue_token` for pages
     /// after the first.
     List {

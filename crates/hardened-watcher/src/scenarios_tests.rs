@@ -192,8 +192,8 @@ fn case6_lost_delete_found_by_resync_and_confirmed() {
     );
     h.event(Modified, obj("a", "ua", "300"));
     // The watch cache dropped ghost's DELETE (kubernetes#123072). Resync,
-    // exactly at the store's mark: the API server that knows its cache is
-    // inconsistent answers from etcd, where ghost is gone.
+    // exactly at the store's revision: the API server that knows its cache
+    // is inconsistent answers from etcd, where ghost is gone.
     let (reply, _answer) = tokio::sync::oneshot::channel();
     h.core.on_request(super::store::Request::Resync(reply));
     h.expect_resync_list("300");
@@ -219,11 +219,13 @@ fn case6_lost_delete_found_by_resync_and_confirmed() {
 }
 
 /// 6c. Only a resync's first page asks for a resourceVersion, exactly the
-///     store's mark: never a continue page, never the first list or a
-///     relist after a watch error; a refusal holds for the rest of that
-///     resync only.
+///     store's revision as a one-item probe just read it: never a continue
+///     page, never the first list or a relist after a watch error; a
+///     refusal, a failed probe or a revision below the cache's mark (a
+///     rewind) makes that resync list the latest state, and the next one
+///     asks again.
 #[test]
-fn resync_lists_ask_for_the_stores_mark_exactly() {
+fn resync_lists_ask_for_the_stores_revision_exactly() {
     let mut h = Harness::synced_with(vec![obj("a", "ua", "100")], "200");
     h.event(Modified, obj("a", "ua", "250"));
     let resync = |h: &mut Harness| {
@@ -231,28 +233,55 @@ fn resync_lists_ask_for_the_stores_mark_exactly() {
         h.core.on_request(super::store::Request::Resync(reply));
     };
     resync(&mut h);
-    h.expect_resync_list("250");
-    h.page(vec![], Some("c1"), "250");
+    h.expect_resync_list("270");
+    h.page(vec![], Some("c1"), "270");
     h.expect_list(Some("c1"));
-    h.page(vec![obj("a", "ua", "250")], None, "250");
+    h.page(vec![obj("a", "ua", "250")], None, "270");
     h.expect_watch("250");
-    // Refused: the same resync lists the latest state; the next one asks
-    // for the mark again.
+    // Refused: the same resync lists the latest state.
     resync(&mut h);
-    h.expect_resync_list("250");
+    h.expect_resync_list("280");
     h.core.on_list_page(Err(api_error(410, "Expired")));
     assert!(matches!(h.step(), Step::Act(Action::Backoff(_))));
     h.core.on_backoff_elapsed();
     h.expect_list(None);
-    h.page(vec![obj("a", "ua", "250")], None, "260");
+    h.page(vec![obj("a", "ua", "250")], None, "290");
     h.expect_watch("250");
+    // The probe fails: the latest state.
     resync(&mut h);
-    h.expect_resync_list("260");
-    h.page(vec![obj("a", "ua", "250")], None, "260");
+    assert_eq!(h.step(), Step::Act(Action::Probe));
+    h.core.on_probe(Err(api_error(503, "ServiceUnavailable")));
+    h.expect_list(None);
+    h.page(vec![obj("a", "ua", "250")], None, "290");
     h.expect_watch("250");
-    // A watch error's relist is a recovery: the latest state.
+    // The store below the cache's mark: the latest state, where the rewind shows.
+    resync(&mut h);
+    h.probe("240");
+    h.expect_list(None);
+    h.page(vec![obj("a", "ua", "250")], None, "290");
+    h.expect_watch("250");
+    // Asked again on the next resync.
+    resync(&mut h);
+    h.expect_resync_list("300");
+    h.page(vec![obj("a", "ua", "250")], None, "300");
+    h.expect_watch("250");
+    // A watch error's relist is a recovery: the latest state, no probe.
     h.error_event(410, "Expired");
     h.expect_list(None);
+}
+
+/// 6d. A DELETE the watch never delivered, and nothing after it: the watch
+///     is idle below the delete, yet the resync's list, at the store's
+///     revision rather than the cache's mark, lacks the object.
+#[test]
+fn a_delete_the_watch_never_delivered_is_found_while_it_is_idle() {
+    let mut h = Harness::synced_with(vec![obj("a", "ua", "100"), obj("b", "ub", "110")], "200");
+    let (reply, _answer) = tokio::sync::oneshot::channel();
+    h.core.on_request(super::store::Request::Resync(reply));
+    h.expect_resync_list("210");
+    h.page(vec![obj("a", "ua", "100")], None, "210");
+    assert_eq!(h.deletion_candidates(), vec![key("b")]);
+    h.expect_watch("200");
 }
 
 /// 6b. The periodic resync (a resync request): the watch resumes from before
@@ -274,7 +303,7 @@ fn case6_resync_tells_watch_lag_from_drift() {
     assert!(h.core.on_request(super::store::Request::Resync(reply)));
     // The exact list is refused (another API server behind the same
     // address, behind this one): the resync lists the latest state.
-    h.expect_resync_list("250");
+    h.expect_resync_list("400");
     h.core.on_list_page(Err(api_error(504, "Timeout")));
     assert!(matches!(h.step(), Step::Act(Action::Backoff(_))));
     h.core.on_backoff_elapsed();
@@ -455,12 +484,9 @@ fn case9_plain_restore_rewinds_to_the_list() {
     h.take_changes();
     let (reply, _answer) = tokio::sync::oneshot::channel();
     h.core.on_request(super::store::Request::Resync(reply));
-    // Exactly at 5100 is a revision the restored store has not reached: the
-    // API server times out on it, and the resync lists the latest state.
-    h.expect_resync_list("5100");
-    h.core.on_list_page(Err(api_error(504, "Timeout")));
-    assert!(matches!(h.step(), Step::Act(Action::Backoff(_))));
-    h.core.on_backoff_elapsed();
+    // The probe reads the restored store's revision, below the cache's
+    // mark: the resync lists the latest state, where the rewind shows.
+    h.probe("130");
     h.expect_list(None);
     let ((), events) = logged(|| h.page(vec![obj("a", "ua", "100")], Some("c1"), "130"));
     assert_eq!(h.count("store_rewind"), 1);

@@ -197,9 +197,11 @@ impl Harness {
         self.expect_list_at(token, None);
     }
 
-    /// A resync's first page, exactly at `rv` (the store's high-water mark).
-    pub fn expect_resync_list(&mut self, rv: &str) {
-        self.expect_list_at(None, Some(rv));
+    /// A resync's start: the probe reads the store's revision, `store_rv`,
+    /// and the first page asks for exactly that.
+    pub fn expect_resync_list(&mut self, store_rv: &str) {
+        self.probe(store_rv);
+        self.expect_list_at(None, Some(store_rv));
     }
 
     fn expect_list_at(&mut self, token: Option<&str>, exact_rv: Option<&str>) {
@@ -225,7 +227,8 @@ impl Harness {
         );
     }
 
-    /// The probe after a lost connection, answered with the store's `store_rv`.
+    /// The probe (after a lost connection, or before a resync's list),
+    /// answered with the store's `store_rv`.
     pub fn probe(&mut self, store_rv: &str) {
         assert_eq!(
             self.step(),

@@ -7,8 +7,8 @@ use hardened_watcher::{Cached, Change, Confirmation, ObjectKey, Store};
 use kube::{Api, Client};
 
 use super::{Kind, scoped};
-use crate::config::{Controller, Controllers};
 use crate::reconcile::{Context, Stores};
+use crate::settings::{Controller, Controllers};
 use k8s_openapi::api::core::v1::{EndpointSubset, Endpoints, ObjectReference, Service};
 
 use super::CachedService;
@@ -20,7 +20,7 @@ use crate::error::Result;
 use crate::wire::EndpointsWire;
 use hardened_watcher::{LiveRead, live};
 
-/// An Endpoints object as the cache keeps it: packed ([`PackedObject`], the
+/// An Endpoints object as the cache keeps it: packed (`PackedObject`, the
 /// list field being `subsets`), and its managed-by label.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CachedEndpoints {
@@ -39,7 +39,7 @@ impl CachedEndpoints {
     }
 
     /// Endpoints as read from the API ([`EndpointsWire`]: the subsets left
-    /// as JSON text; see [`PackedObject::from_wire`]). `None` if the subsets
+    /// as JSON text; see `PackedObject::from_wire`). `None` if the subsets
     /// do not decode or the object cannot be encoded.
     pub fn from_wire(wire: EndpointsWire) -> Option<Self> {
         let EndpointsWire { metadata, subsets } = wire;

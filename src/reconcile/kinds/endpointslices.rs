@@ -8,8 +8,8 @@ use hardened_watcher::{Cached, Change, Confirmation, ObjectKey, Store};
 use kube::{Api, Client};
 
 use super::{Kind, scoped};
-use crate::config::{Controller, Controllers};
 use crate::reconcile::{Context, Stores};
+use crate::settings::{Controller, Controllers};
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
@@ -18,7 +18,7 @@ use crate::desired::scope::Managers;
 use crate::desired::{self, slices};
 use crate::error::Result;
 
-/// An EndpointSlice as the cache keeps it: packed ([`PackedObject`], the
+/// An EndpointSlice as the cache keeps it: packed (`PackedObject`, the
 /// list field being `endpoints`), its service-name and managed-by labels.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CachedSlice {

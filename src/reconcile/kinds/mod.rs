@@ -16,8 +16,8 @@ use k8s_openapi::NamespaceResourceScope;
 use kube::{Api, Client};
 use serde::de::DeserializeOwned;
 
-use crate::config::Controllers;
 use crate::reconcile::{Context, Stores};
+use crate::settings::Controllers;
 
 mod endpoints;
 mod endpointslices;

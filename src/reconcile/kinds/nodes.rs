@@ -7,8 +7,8 @@ use hardened_watcher::{Cached, Change, Confirmation, ObjectKey, Store};
 use kube::{Api, Client};
 
 use super::Kind;
-use crate::config::{Controller, Controllers};
 use crate::reconcile::{Context, Stores};
+use crate::settings::{Controller, Controllers};
 use k8s_openapi::api::core::v1::Node;
 
 use super::packed::meta_str;

@@ -119,8 +119,8 @@ impl PackedObject {
     }
 }
 
-/// A targetRef UID as it reads in the JSON of [`CachedEndpoints`]' subsets
-/// or [`CachedSlice`]'s endpoints: made once, then searched for in every
+/// A targetRef UID as it reads in the JSON of [`CachedEndpoints`](super::CachedEndpoints)' subsets
+/// or [`CachedSlice`](super::CachedSlice)'s endpoints: made once, then searched for in every
 /// object of a namespace.
 pub struct TargetRefUid(Option<String>);
 

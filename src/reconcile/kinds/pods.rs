@@ -8,10 +8,10 @@ use kube::{Api, Client};
 
 use super::packed::TargetRefUid;
 use super::{DecodeProtobuf, Kind, scoped};
-use crate::config::Controllers;
 use crate::desired::scope::{Handling, Managed};
 use crate::desired::{self, PodInfo};
 use crate::reconcile::{Context, Stores};
+use crate::settings::Controllers;
 use crate::wire::PodWire;
 
 impl Cached for PodInfo {
@@ -66,7 +66,7 @@ impl Kind for PodKind {
 
 /// A pod change concerns the Services selecting it before and after; a change to
 /// nothing Endpoints are made of (for example a new annotation) concerns none.
-/// `received`: when it arrived, as for [`on_service`].
+/// `received`: when it arrived, as for [`on_service`](super::on_service).
 pub fn on_pod(ctx: &Context, change: &Change<PodInfo>, received: Option<Instant>) {
     let (old, new) = match change {
         Change::DeletionCandidate(p) => {

@@ -8,9 +8,9 @@ use hardened_watcher::{Cached, Change, ObjectKey, Store};
 use kube::{Api, Client};
 
 use super::{Kind, scoped};
-use crate::config::Controllers;
 use crate::desired::scope::{self, Handling, OptIn, Scope};
 use crate::reconcile::{Context, Stores};
+use crate::settings::Controllers;
 use k8s_openapi::api::core::v1::Service;
 
 use super::packed::strip_managed_fields;

@@ -213,13 +213,13 @@ async fn ghost_row(
 /// `scale.services` Services with `scale.pods_per_service` pods each on
 /// them, all Ready. The KWOK process stops when the result is dropped.
 async fn fake_nodes(run: &Run<'_>, scale: Scale) -> Result<Process> {
-    let root = workspace_root()?;
-    let kwok_bin = root.join("target/conformance/bin/kwok");
-    let stages = root.join("target/conformance/kwok-stages.yaml");
+    let release = eg_harness::binaries::release_dir(&workspace_root()?, "target/conformance")?;
+    let kwok_bin = release.join("bin/kwok");
+    let stages = release.join("kwok-stages.yaml");
     for need in [&kwok_bin, &stages] {
         anyhow::ensure!(
             need.exists(),
-            "{} is missing: build it with `bash tests/conformance/build.sh` (make e2e-node does)",
+            "{} is missing: build it with `bash tests/conformance/build.sh` (make e2e-node does; the same KUBE_VERSION)",
             need.display()
         );
     }

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{Context as _, Result};
+use anyhow::{Context as _, Result, bail};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
@@ -109,6 +109,80 @@ pub async fn credentials(cp: &ControlPlane, controller: Controller) -> Result<Pa
         .and_then(|s| s.token)
         .context("the token request returned no token")?;
     cp.kubeconfig_for_token(name, &token)
+}
+
+/// What endpoints-guard runs with where the bench passes no flag, read from
+/// the binary's own `--help`: a report then states the values of the binary
+/// it measured, whichever build that was.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GuardDefaults {
+    /// `--resync-interval` (zero: no periodic resync).
+    pub resync_interval: Duration,
+    /// `--ghost-scan-qps`.
+    pub ghost_scan_qps: f64,
+}
+
+impl GuardDefaults {
+    /// Runs `binary --help` and reads the two defaults from it.
+    pub async fn of_binary(binary: &Path) -> Result<Self> {
+        let output = tokio::process::Command::new(binary)
+            .arg("--help")
+            .output()
+            .await
+            .with_context(|| format!("running {} --help", binary.display()))?;
+        if !output.status.success() {
+            bail!("{} --help exited with {}", binary.display(), output.status);
+        }
+        Self::from_help(&String::from_utf8_lossy(&output.stdout))
+            .with_context(|| format!("reading the defaults of {}", binary.display()))
+    }
+
+    fn from_help(help: &str) -> Result<Self> {
+        let value = |flag: &str| {
+            flag_default(help, flag).with_context(|| format!("--help shows no default of {flag}"))
+        };
+        let interval = value("--resync-interval")?;
+        let resync_interval = if interval.trim_end_matches(char::is_alphabetic) == "0" {
+            Duration::ZERO
+        } else {
+            crate::soak::parse_duration(interval)
+                .with_context(|| format!("--resync-interval's default {interval:?}"))?
+        };
+        let qps = value("--ghost-scan-qps")?;
+        let ghost_scan_qps = qps
+            .parse()
+            .with_context(|| format!("--ghost-scan-qps's default {qps:?}"))?;
+        Ok(Self {
+            resync_interval,
+            ghost_scan_qps,
+        })
+    }
+}
+
+/// The `[default: …]` clap's long help shows for `flag`: the first one after
+/// the flag's own line and before the next option's.
+fn flag_default<'a>(help: &'a str, flag: &str) -> Option<&'a str> {
+    let names_flag = |line: &str| {
+        line.strip_prefix(flag)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with([' ', '=']))
+    };
+    let mut lines = help
+        .lines()
+        .map(str::trim)
+        .skip_while(|line| !names_flag(line));
+    lines.next()?;
+    for line in lines {
+        if line.starts_with('-') {
+            return None;
+        }
+        if let Some(value) = line
+            .strip_prefix("[default: ")
+            .and_then(|rest| rest.strip_suffix(']'))
+        {
+            return Some(value);
+        }
+    }
+    None
 }
 
 /// A running controller process.
@@ -219,4 +293,65 @@ pub fn start_upstream(
         process,
         metrics_port: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shape of clap's long help, as endpoints-guard prints it.
+    const HELP: &str = "Usage: endpoints-guard [OPTIONS]
+
+Options:
+      --resync-interval <RESYNC_INTERVAL>
+          How often to list everything from the API (e.g. 90s, 2m, 1h; 0 turns it off)
+          
+          [env: EG_RESYNC_INTERVAL=]
+          [default: 2m]
+
+      --list-page-size <LIST_PAGE_SIZE>
+          Page size of every consistent LIST
+          
+          [default: 500]
+
+      --ghost-scan-qps <GHOST_SCAN_QPS>
+          The most reads a second spent on finding ghosts
+          
+          [env: EG_GHOST_SCAN_QPS=]
+          [default: 5]
+
+      --ghost-scan-period <GHOST_SCAN_PERIOD>
+          [default: 30m]
+
+  -h, --help
+          Print help (see a summary with '-h')
+";
+
+    #[test]
+    fn defaults_come_from_each_flags_own_entry() {
+        assert_eq!(
+            GuardDefaults::from_help(HELP).ok(),
+            Some(GuardDefaults {
+                resync_interval: Duration::from_secs(120),
+                ghost_scan_qps: 5.0,
+            })
+        );
+        assert_eq!(flag_default(HELP, "--ghost-scan-period"), Some("30m"));
+        // A flag without a default of its own does not take the next flag's.
+        let without = HELP.replace("          [default: 2m]\n", "");
+        assert_eq!(flag_default(&without, "--resync-interval"), None);
+        assert!(GuardDefaults::from_help(&without).is_err());
+        assert_eq!(flag_default(HELP, "--resync"), None);
+    }
+
+    #[test]
+    fn a_zero_resync_interval_is_off() {
+        let off = HELP.replace("[default: 2m]", "[default: 0s]");
+        assert_eq!(
+            GuardDefaults::from_help(&off)
+                .map(|d| d.resync_interval)
+                .ok(),
+            Some(Duration::ZERO)
+        );
+    }
 }

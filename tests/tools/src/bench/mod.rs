@@ -14,16 +14,24 @@
 //! **churn** (flip the readiness of `rate` pods a second for `churn`; latency
 //! from just before each status write to the watch event showing the pod's
 //! endpoint changed readiness), **steady** (nothing changes for `steady`),
-//! and for endpoints-guard **resync** (a fresh process with a short
-//! `--resync-interval`; the first resync's duration from its metrics, its
-//! requests from the audit log). Between controllers the flipped pods are
-//! made Ready again and every Endpoints object and EndpointSlice is deleted.
-//! CPU and peak RSS come from /proc, requests from the audit log (see
-//! [`audit`]). For endpoints-guard, churn is also measured inside the
+//! **ghost** (one pod's DELETE lost in kube-apiserver's watch cache while
+//! the controller runs: how long until its address leaves every object; see
+//! [`ghost`]), and for endpoints-guard **resync** (a fresh process with a
+//! short `--resync-interval`; the first resync's duration from its metrics,
+//! its requests from the audit log). Between controllers the flipped pods
+//! are made Ready again and every Endpoints object and EndpointSlice is
+//! deleted. CPU and peak RSS come from /proc, requests from the audit log
+//! (see [`audit`]). For endpoints-guard, churn is also measured inside the
 //! process, from its event-to-write histograms ([`inproc`]).
+//!
+//! endpoints-guard runs at its own defaults except `--workers 5`,
+//! `--list-page-size 500` and `--controllers` (the kind measured):
+//! `--resync-interval` and `--ghost-scan-qps` only where
+//! [`BenchOptions`] sets them, and the report states the values in effect.
 
 mod audit;
 mod controllers;
+pub mod ghost;
 pub mod inproc;
 mod kind;
 mod observe;
@@ -38,19 +46,22 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context as _, Result};
 use futures::{StreamExt, stream};
-use kube::Client;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::ListParams;
+use kube::{Api, Client};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-pub use controllers::Controller;
+pub use controllers::{Controller, GuardDefaults};
+pub use ghost::Ghost;
 pub use kind::Kind;
 pub use report::RunResult;
 pub use workload::BenchSize;
 
 use eg_harness::{ControlPlane, ControlPlaneOptions};
 use observe::Observer;
-use workload::{BenchWorkload, set_ready};
+use workload::{BenchWorkload, PodRef, set_ready};
 
 /// What to run.
 #[derive(Clone, Debug)]
@@ -60,11 +71,26 @@ pub struct BenchOptions {
     pub churn_rate: u32,
     pub churn: Duration,
     pub steady: Duration,
-    /// endpoints-guard's `--resync-interval` in the resync phase.
-    pub resync_interval: Duration,
-    /// endpoints-guard's `--ghost-scan-qps` (its default): the reads it makes
-    /// in every phase, reported on their own in steady.
-    pub ghost_scan_qps: f64,
+    /// endpoints-guard's `--resync-interval` in the resync phase (a fresh
+    /// process whose first resync is measured).
+    pub resync_phase_interval: Duration,
+    /// endpoints-guard's `--resync-interval` in its measured run; `None`:
+    /// the binary's default.
+    pub guard_resync_interval: Option<Duration>,
+    /// endpoints-guard's `--ghost-scan-qps` in every phase (the reads it
+    /// makes at rest, reported on their own in steady); `None`: the binary's
+    /// default.
+    pub ghost_scan_qps: Option<f64>,
+    /// The controllers whose run has a ghost phase; the others report it as
+    /// not measured.
+    pub ghost_controllers: Vec<Controller>,
+    /// The kinds whose runs have a ghost phase.
+    pub ghost_kinds: Vec<Kind>,
+    /// How long the ghost phase waits for the ghost's address to go.
+    pub ghost_timeout: Duration,
+    /// kube-apiserver's `--etcd-compaction-interval`; `None`: its default
+    /// (5 minutes).
+    pub etcd_compaction_interval: Option<Duration>,
     /// Where report.json, report.md and the CDF plot go.
     pub out_dir: PathBuf,
     /// The endpoints-guard binary.
@@ -95,8 +121,18 @@ impl BenchOptions {
             churn_rate: 10,
             churn: Duration::from_secs(60),
             steady: Duration::from_secs(60),
-            resync_interval: Duration::from_secs(10),
-            ghost_scan_qps: 10.0,
+            resync_phase_interval: Duration::from_secs(10),
+            guard_resync_interval: None,
+            ghost_scan_qps: None,
+            // kube-controller-manager with raised client limits has the same
+            // informers as at its defaults, so the same answer.
+            ghost_controllers: vec![Controller::Guard, Controller::Upstream],
+            ghost_kinds: Kind::ALL.to_vec(),
+            // The 10 minutes within which a ghost's address must go (at
+            // endpoints-guard's defaults: the check's 7.5 minutes plus a
+            // 2-minute resync), and a minute.
+            ghost_timeout: Duration::from_secs(660),
+            etcd_compaction_interval: None,
             out_dir,
             guard_binary,
             controllers: Controller::ALL.to_vec(),
@@ -107,6 +143,19 @@ impl BenchOptions {
             cold_sync_timeout: Duration::from_secs(1800),
             repeat: 1,
         }
+    }
+
+    /// Whether `controller`'s run of `kind` has a ghost phase.
+    pub fn measures_ghost(&self, controller: Controller, kind: Kind) -> bool {
+        self.ghost_controllers.contains(&controller) && self.ghost_kinds.contains(&kind)
+    }
+
+    /// Whether any run has a ghost phase (the control plane then runs with
+    /// etcd-fault-proxy between kube-apiserver and etcd).
+    fn any_ghost(&self) -> bool {
+        self.controllers
+            .iter()
+            .any(|&c| self.kinds.iter().any(|&k| self.measures_ghost(c, k)))
     }
 }
 
@@ -151,6 +200,9 @@ struct Bench {
     workload: BenchWorkload,
     audit_log: PathBuf,
     kubeconfigs: BTreeMap<&'static str, PathBuf>,
+    /// endpoints-guard's resync interval and ghost-scan QPS in effect (the
+    /// options', else the binary's defaults); `None` when it is not measured.
+    guard: Option<GuardDefaults>,
     setup_s: f64,
     _dir: tempfile::TempDir,
 }
@@ -215,14 +267,14 @@ impl Bench {
         Ok(())
     }
 
-    fn obs(&self) -> &Arc<Observer> {
+    fn obs(&self) -> Result<&Arc<Observer>> {
         self.observer
             .as_ref()
-            .expect("the observer starts before any measurement")
+            .context("no observer: it starts before any measurement")
     }
 
     /// One controller's phases on the current kind, logged.
-    async fn measure(&self, controller: Controller) -> Result<(RunResult, Vec<f64>)> {
+    async fn measure(&mut self, controller: Controller) -> Result<(RunResult, Vec<f64>)> {
         let (run, lat) = self.measure_phases(controller).await?;
         log(&format!(
             "{} {}: cold sync {:.2} s, churn p50/p90/p99 {:.1}/{:.1}/{:.1} ms, cpu {:.2} s, peak RSS {:.1} MiB, writes {} / changes {}",
@@ -236,6 +288,14 @@ impl Bench {
             run.peak_rss_mb,
             run.writes,
             run.changes
+        ));
+        log(&format!(
+            "{} {}: API requests at rest {}/s; ghost {}",
+            self.kind.objects(),
+            controller.name(),
+            run.api_requests_per_s_at_rest
+                .map_or("n/a".to_string(), |r| format!("{r:.2}")),
+            report::ghost_text(&run)
         ));
         if let Some(p) = &run.in_process {
             log(&format!(
@@ -267,6 +327,31 @@ impl Bench {
         let mut cp_opts = ControlPlaneOptions::default()
             .apiserver_arg("--max-requests-inflight=1000")
             .apiserver_arg("--max-mutating-requests-inflight=500");
+        if opts.any_ghost() {
+            cp_opts = cp_opts.with_etcd_fault_proxy();
+        }
+        if let Some(interval) = opts.etcd_compaction_interval {
+            cp_opts = cp_opts.etcd_compaction_interval(interval);
+        }
+        let guard = if opts.controllers.contains(&Controller::Guard) {
+            let defaults = GuardDefaults::of_binary(&opts.guard_binary).await?;
+            let in_effect = GuardDefaults {
+                resync_interval: opts
+                    .guard_resync_interval
+                    .unwrap_or(defaults.resync_interval),
+                ghost_scan_qps: opts.ghost_scan_qps.unwrap_or(defaults.ghost_scan_qps),
+            };
+            log(&format!(
+                "endpoints-guard: --resync-interval {:?}, --ghost-scan-qps {} (its defaults: {:?}, {})",
+                in_effect.resync_interval,
+                in_effect.ghost_scan_qps,
+                defaults.resync_interval,
+                defaults.ghost_scan_qps
+            ));
+            Some(in_effect)
+        } else {
+            None
+        };
         cp_opts
             .apiserver_args
             .extend(audit::apiserver_args(&policy, &audit_log));
@@ -295,6 +380,7 @@ impl Bench {
             kind: Kind::Endpoints,
             audit_log,
             kubeconfigs,
+            guard,
             setup_s: setup.as_secs_f64(),
             _dir: dir,
         })
@@ -313,7 +399,7 @@ impl Bench {
             .await;
         results.into_iter().collect::<Result<()>>()?;
         self.workload.delete_outputs(client).await?;
-        self.obs()
+        self.obs()?
             .wait_for(
                 &format!("{} deleted", self.kind.objects()),
                 Duration::from_secs(120),
@@ -329,20 +415,33 @@ impl Bench {
             .context("no kubeconfig for the controller")
     }
 
-    fn start(&self, c: Controller, resync: &str, log_name: &str) -> Result<controllers::Running> {
+    /// Starts controller `c` on the current kind; endpoints-guard with
+    /// `--resync-interval` `resync` if given, else the options', else its
+    /// default.
+    fn start(
+        &self,
+        c: Controller,
+        resync: Option<Duration>,
+        log_name: &str,
+    ) -> Result<controllers::Running> {
         match c {
-            Controller::Guard => controllers::start_guard(
-                &self.cp,
-                &self.opts.guard_binary,
-                self.kubeconfig(c)?,
-                &[
-                    // Like for like: upstream runs that kind's controller alone.
-                    format!("--controllers={}", self.kind.name()),
-                    format!("--resync-interval={resync}"),
-                    format!("--ghost-scan-qps={}", self.opts.ghost_scan_qps),
-                ],
-                log_name,
-            ),
+            Controller::Guard => {
+                // Like for like: upstream runs that kind's controller alone.
+                let mut args = vec![format!("--controllers={}", self.kind.name())];
+                if let Some(interval) = resync.or(self.opts.guard_resync_interval) {
+                    args.push(format!("--resync-interval={}ms", interval.as_millis()));
+                }
+                if let Some(qps) = self.opts.ghost_scan_qps {
+                    args.push(format!("--ghost-scan-qps={qps}"));
+                }
+                controllers::start_guard(
+                    &self.cp,
+                    &self.opts.guard_binary,
+                    self.kubeconfig(c)?,
+                    &args,
+                    log_name,
+                )
+            }
             Controller::Upstream => controllers::start_upstream(
                 &self.cp,
                 self.kubeconfig(c)?,
@@ -371,15 +470,15 @@ impl Bench {
         (u64::from(self.opts.churn_rate.max(1)) * self.opts.churn.as_secs()).max(1)
     }
 
-    async fn measure_phases(&self, c: Controller) -> Result<(RunResult, Vec<f64>)> {
+    async fn measure_phases(&mut self, c: Controller) -> Result<(RunResult, Vec<f64>)> {
         let services = self.workload.services.len();
-        let obs = self.obs();
+        let obs = self.obs()?.clone();
         let kind = self.kind;
         log(&format!("{} {}: cold sync", kind.objects(), c.name()));
         let t_cold = SystemTime::now();
         let started = Instant::now();
         let ev0 = obs.events();
-        let mut running = self.start(c, "5m", &format!("{}-{}", c.name(), kind.name()))?;
+        let mut running = self.start(c, None, &format!("{}-{}", c.name(), kind.name()))?;
         let done = obs
             .wait_for("cold sync", self.opts.cold_sync_timeout, |o| {
                 o.correct() == services
@@ -432,7 +531,14 @@ impl Bench {
         tokio::time::sleep(self.opts.steady).await;
         running.process.ensure_running()?;
         self.close(&mut phases, "steady", mark, &running)?;
+        // Before the ghost phase, so the figure stays that of cold sync,
+        // churn and steady.
         let peak_rss_main_mb = running.peak_rss_mb()?;
+        let mut ghost = None;
+        if self.opts.measures_ghost(c, kind) {
+            log(&format!("{} {}: ghost", kind.objects(), c.name()));
+            ghost = Some(self.ghost(c, &mut running).await?);
+        }
         running.process.stop().await?;
 
         let mut resync = None;
@@ -460,6 +566,10 @@ impl Bench {
             r.requests = audit::by_verb(&requests, &user, from, to);
             r.requests_by_resource = audit::by_verb_and_resource(&requests, &user, from, to);
         }
+        let ghost = ghost.map(|(mut g, (from, to))| {
+            g.requests_by_resource = audit::by_verb_and_resource(&requests, &user, from, to);
+            g
+        });
         latencies.sort_by(f64::total_cmp);
         let run = report::assemble(report::Parts {
             size: &self.opts,
@@ -474,7 +584,15 @@ impl Bench {
             peak_rss_main_mb,
             phases,
             resync,
-            ghost_scan_qps: (c == Controller::Guard).then_some(self.opts.ghost_scan_qps),
+            ghost_scan_qps: self
+                .guard
+                .filter(|_| c == Controller::Guard)
+                .map(|g| g.ghost_scan_qps),
+            resync_interval: self
+                .guard
+                .filter(|_| c == Controller::Guard)
+                .map(|g| g.resync_interval),
+            ghost,
             in_process,
             client_qps: match c {
                 Controller::Guard => None,
@@ -497,7 +615,7 @@ impl Bench {
             at: SystemTime::now(),
             instant: Instant::now(),
             cpu: running.cpu()?,
-            events: self.obs().events(),
+            events: self.obs()?.events(),
         };
         let (cpu_s, precise) = now.cpu.since(&mark.cpu);
         let phase = Phase {
@@ -525,7 +643,7 @@ impl Bench {
             let i = (k as usize) % pods.len();
             let want_ready = (k as usize / pods.len()) % 2 == 1;
             let pod = pods[i].clone();
-            let (client, obs, limit) = (self.client.clone(), self.obs().clone(), limit.clone());
+            let (client, obs, limit) = (self.client.clone(), self.obs()?.clone(), limit.clone());
             obs.expect_flip(pod.key(), want_ready, Instant::now());
             tasks.spawn(async move {
                 let _permit = limit.acquire_owned().await;
@@ -548,9 +666,9 @@ impl Bench {
     /// A fresh endpoints-guard with a short resync interval: the first
     /// resync's cost, and the time window it ran in.
     async fn resync(&self) -> Result<(Resync, (SystemTime, SystemTime))> {
-        let interval = format!("{}s", self.opts.resync_interval.as_secs().max(1));
+        let interval = self.opts.resync_phase_interval.max(Duration::from_secs(1));
         let log_name = format!("endpoints-guard-resync-{}", self.kind.name());
-        let mut r = self.start(Controller::Guard, &interval, &log_name)?;
+        let mut r = self.start(Controller::Guard, Some(interval), &log_name)?;
         r.wait_ready(Duration::from_secs(600)).await?;
         let start = Instant::now();
         let mut samples: Vec<(SystemTime, procstat::CpuSample)> = Vec::new();
@@ -563,7 +681,7 @@ impl Bench {
                 let sum = procstat::metric(&text, "endpoints_guard_resync_duration_seconds_sum");
                 break (sum.unwrap_or(0.0), SystemTime::now());
             }
-            if start.elapsed() > self.opts.resync_interval + Duration::from_secs(600) {
+            if start.elapsed() > interval + Duration::from_secs(600) {
                 anyhow::bail!("no resync finished within its interval plus 600 s");
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -587,6 +705,167 @@ impl Bench {
         };
         r.process.stop().await?;
         Ok((resync, (from, end)))
+    }
+}
+
+impl Bench {
+    /// The ghost phase of controller `c`, which runs: one pod's DELETE lost
+    /// between etcd and kube-apiserver's watch cache, the wait for its
+    /// address to leave every object of the kind, then the workload restored
+    /// (see [`ghost`]). Returns the figures and the wait's time window.
+    async fn ghost(
+        &mut self,
+        c: Controller,
+        running: &mut controllers::Running,
+    ) -> Result<(Ghost, (SystemTime, SystemTime))> {
+        let obs = self.obs()?.clone();
+        let index = ghost::pod_index(self.workload.pods.len(), self.churn_total())
+            .context("no pod of the workload is ready after churn")?;
+        let pod = self.workload.pods[index].clone();
+        let key = pod.key();
+        obs.wait_for(
+            &format!("{key} listed, ready, before its delete"),
+            Duration::from_secs(60),
+            |o| {
+                let listed = o.listings(&key);
+                listed.all > 0 && listed.ready == listed.all
+            },
+        )
+        .await?;
+        // What "restored" means afterwards: churn leaves some pods not
+        // ready, so some Services are not correct, until the next reset.
+        let correct_before = obs.correct();
+        let before = match c {
+            Controller::Guard => Some(running.metrics().await?),
+            _ => None,
+        };
+        let dropped_before = self.cp.etcd_dropped_events().await?;
+        self.cp
+            .etcd_drop_events(
+                &format!("/registry/pods/{}/{}", pod.namespace, pod.name),
+                &["PUT", "DELETE"],
+            )
+            .await?;
+        let deleted_at = SystemTime::now();
+        let deleted = Instant::now();
+        self.cp.force_delete_pod(&pod.namespace, &pod.name).await?;
+        self.confirm_ghost(&pod, dropped_before).await?;
+        let timeout = self.opts.ghost_timeout;
+        log(&format!(
+            "{} {}: {key} deleted, its DELETE lost in kube-apiserver's watch cache; waiting up to {} s for its address to go",
+            self.kind.objects(),
+            c.name(),
+            timeout.as_secs()
+        ));
+        let gone = obs
+            .wait_until(&format!("{key}'s address gone"), timeout, |o| {
+                o.listings(&key).all == 0
+            })
+            .await?;
+        let ended_at = SystemTime::now();
+        // A controller that died while the bench waited found nothing: that
+        // is a failed run, not a measurement.
+        running.process.ensure_running()?;
+        let after = match c {
+            Controller::Guard => Some(running.metrics().await?),
+            _ => None,
+        };
+        let counted = |name: &str| -> Option<u64> {
+            let of = |text: &String| procstat::metric(text, name).unwrap_or(0.0);
+            Some((of(after.as_ref()?) - of(before.as_ref()?)).max(0.0) as u64)
+        };
+        let apiserver_check_failures = match ghost::apiserver_check_failures(&self.client).await {
+            Ok(failures) => Some(failures),
+            Err(err) => {
+                log(&format!(
+                    "kube-apiserver's consistency checks not read: {err:#}"
+                ));
+                None
+            }
+        };
+        let found_s = gone.map(|at| at.duration_since(deleted).as_secs_f64());
+        log(&format!(
+            "{} {}: {key}'s address {}; restoring the workload",
+            self.kind.objects(),
+            c.name(),
+            found_s.map_or(format!("still listed after {} s", timeout.as_secs()), |s| {
+                format!("gone after {s:.1} s")
+            })
+        ));
+        let mut found = Ghost {
+            pod: key.clone(),
+            timeout_s: timeout.as_secs_f64(),
+            found_s,
+            apiserver_check_failures,
+            resyncs: counted("endpoints_guard_resync_duration_seconds_count"),
+            ghost_scan_reads: counted("endpoints_guard_ghost_scan_reads_total"),
+            ..Ghost::default()
+        };
+        let restoring = Instant::now();
+        self.restore_ghost(&pod, index, correct_before).await?;
+        found.restore_s = restoring.elapsed().as_secs_f64();
+        Ok((found, (deleted_at, ended_at)))
+    }
+
+    /// Fails unless the fault took: etcd-fault-proxy dropped the pod's
+    /// event, etcd no longer has the pod and kube-apiserver's watch cache
+    /// still serves it.
+    async fn confirm_ghost(&self, pod: &PodRef, dropped_before: u64) -> Result<()> {
+        let key = pod.key();
+        // The event reaches the proxy on etcd's watch, a moment after the
+        // delete is answered.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.cp.etcd_dropped_events().await? <= dropped_before {
+            if Instant::now() > deadline {
+                anyhow::bail!("etcd-fault-proxy dropped no event of {key}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
+        if pods.get_opt(&pod.name).await?.is_some() {
+            anyhow::bail!("etcd still has {key} after its delete");
+        }
+        let by_name = ListParams::default().fields(&format!("metadata.name={}", pod.name));
+        if pods.list(&by_name).await?.items.is_empty() {
+            anyhow::bail!("kube-apiserver's watch cache no longer serves {key}: no ghost");
+        }
+        Ok(())
+    }
+
+    /// After the ghost phase: the fault cleared, kube-apiserver restarted
+    /// (its new watch cache, listed from etcd, has no ghost), pod `index`
+    /// created again, and back where the phase began: the pod listed, ready,
+    /// and `correct_before` Services' objects correct.
+    async fn restore_ghost(
+        &mut self,
+        pod: &PodRef,
+        index: usize,
+        correct_before: usize,
+    ) -> Result<()> {
+        self.cp.etcd_clear_drops().await?;
+        self.cp.restart_apiserver().await?;
+        self.workload.create_pod_again(&self.client, index).await?;
+        let key = pod.key();
+        let obs = self.obs()?;
+        let restored = obs
+            .wait_until(
+                "the workload restored after the ghost",
+                self.opts.cold_sync_timeout,
+                |o| {
+                    let listed = o.listings(&key);
+                    listed.all > 0 && listed.ready == listed.all && o.correct() == correct_before
+                },
+            )
+            .await?;
+        if restored.is_none() {
+            anyhow::bail!(
+                "the workload was not restored after the ghost within {:?}: {} Services correct ({correct_before} before the delete), {key} listed {:?}",
+                self.opts.cold_sync_timeout,
+                obs.correct(),
+                obs.listings(&key)
+            );
+        }
+        Ok(())
     }
 }
 

@@ -131,6 +131,17 @@ struct State {
     events: u64,
     pending: HashMap<String, Pending>,
     latencies_ms: Vec<f64>,
+    /// Per pod (`namespace/name`): the endpoints of every object that name
+    /// it, and how many of those are ready (the ghost phase waits for a
+    /// pod's to reach zero).
+    listings: HashMap<String, Listings>,
+}
+
+/// How often the objects of the kind list one pod.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Listings {
+    pub all: usize,
+    pub ready: usize,
 }
 
 /// Churn flips slower than this are logged one by one.
@@ -140,15 +151,19 @@ impl State {
     /// Records the object at `key` (`None`: deleted), belonging to `service`.
     fn apply(&mut self, key: String, now_is: Option<(String, Vec<Entry>)>, now: Instant) {
         let mut touched = Vec::new();
-        if let Some((service, _)) = self.objects.remove(&key) {
+        let namespace = key.split('/').next().unwrap_or_default().to_string();
+        if let Some((service, entries)) = self.objects.remove(&key) {
             if let Some(set) = self.by_service.get_mut(&service) {
                 set.remove(&key);
+            }
+            for e in &entries {
+                self.count_listing(&namespace, e, false);
             }
             touched.push(service);
         }
         if let Some((service, entries)) = now_is {
-            let namespace = key.split('/').next().unwrap_or_default();
             for e in &entries {
+                self.count_listing(&namespace, e, true);
                 let pod_key = format!("{namespace}/{}", e.pod);
                 if let Some(p) = self.pending.get(&pod_key)
                     && p.want_ready == e.ready
@@ -176,6 +191,24 @@ impl State {
         }
         for service in touched {
             self.check(&service);
+        }
+    }
+
+    /// Counts `entry` of an object in `namespace` in (`added`) or out of its
+    /// pod's listings.
+    fn count_listing(&mut self, namespace: &str, entry: &Entry, added: bool) {
+        let pod_key = format!("{namespace}/{}", entry.pod);
+        let listings = self.listings.entry(pod_key.clone()).or_default();
+        let ready = usize::from(entry.ready);
+        if added {
+            listings.all += 1;
+            listings.ready += ready;
+        } else {
+            listings.all = listings.all.saturating_sub(1);
+            listings.ready = listings.ready.saturating_sub(ready);
+        }
+        if listings.all == 0 {
+            self.listings.remove(&pod_key);
         }
     }
 
@@ -285,6 +318,16 @@ impl Observer {
         self.lock().correct.len()
     }
 
+    /// How often the objects of the kind list the pod `pod_key`
+    /// (`namespace/name`), and how many of those endpoints are ready.
+    pub fn listings(&self, pod_key: &str) -> Listings {
+        self.lock()
+            .listings
+            .get(pod_key)
+            .copied()
+            .unwrap_or_default()
+    }
+
     /// Marks `pod_key` as flipped to `want_ready` at `sent` (call before
     /// sending the write).
     pub fn expect_flip(&self, pod_key: String, want_ready: bool, sent: Instant) {
@@ -318,10 +361,24 @@ impl Observer {
         timeout: Duration,
         done: impl Fn(&Self) -> bool,
     ) -> Result<Instant> {
+        match self.wait_until(what, timeout, done).await? {
+            Some(at) => Ok(at),
+            None => bail!("{what}: not reached after {timeout:?}"),
+        }
+    }
+
+    /// Waits until `done` holds, checking every 50 ms: when it first held,
+    /// or `None` after `timeout`. Fails if the watch stopped.
+    pub async fn wait_until(
+        &self,
+        what: &str,
+        timeout: Duration,
+        done: impl Fn(&Self) -> bool,
+    ) -> Result<Option<Instant>> {
         let start = Instant::now();
         loop {
             if done(self) {
-                return Ok(Instant::now());
+                return Ok(Some(Instant::now()));
             }
             if self.task.is_finished() {
                 bail!(
@@ -330,7 +387,7 @@ impl Observer {
                 );
             }
             if start.elapsed() > timeout {
-                bail!("{what}: not reached after {timeout:?}");
+                return Ok(None);
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -412,5 +469,53 @@ async fn watch_forever<K: Observed>(api: Api<K>, state: Arc<Mutex<State>>, mut r
                 Err(err) => eprintln!("eg-bench: relisting {kind} failed: {err}"),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(pod: &str, ready: bool) -> Entry {
+        Entry {
+            pod: pod.into(),
+            at: format!("ip-of-{pod}"),
+            ready,
+        }
+    }
+
+    fn listed(state: &State, pod_key: &str) -> Listings {
+        state.listings.get(pod_key).copied().unwrap_or_default()
+    }
+
+    #[test]
+    fn a_pods_listings_follow_every_object_that_names_it() {
+        let mut state = State::default();
+        let now = Instant::now();
+        let svc = "bench-0/svc-0".to_string();
+        state.apply(
+            "bench-0/slice-a".into(),
+            Some((svc.clone(), vec![entry("p", true), entry("q", true)])),
+            now,
+        );
+        state.apply(
+            "bench-0/slice-b".into(),
+            Some((svc.clone(), vec![entry("p", false)])),
+            now,
+        );
+        assert_eq!(listed(&state, "bench-0/p"), Listings { all: 2, ready: 1 });
+        // An update replaces what the object listed before.
+        state.apply(
+            "bench-0/slice-a".into(),
+            Some((svc.clone(), vec![entry("q", true)])),
+            now,
+        );
+        assert_eq!(listed(&state, "bench-0/p"), Listings { all: 1, ready: 0 });
+        assert_eq!(listed(&state, "bench-0/q"), Listings { all: 1, ready: 1 });
+        // Another namespace's pod of the same name is another pod.
+        assert_eq!(listed(&state, "bench-1/p"), Listings::default());
+        state.apply("bench-0/slice-b".into(), None, now);
+        assert_eq!(listed(&state, "bench-0/p"), Listings::default());
+        assert!(!state.listings.contains_key("bench-0/p"));
     }
 }

@@ -12,7 +12,7 @@ use anyhow::{Context as _, Result};
 use serde::{Deserialize, Serialize};
 
 use super::inproc::InProcess;
-use super::{BenchOptions, Controller, Kind, Phase, Resync};
+use super::{BenchOptions, Controller, Ghost, Kind, Phase, Resync};
 
 /// One controller at one size. The first fields are the ones issue 7 names;
 /// `cpu_s`, `writes`, `requests` cover cold sync, churn and steady (not the
@@ -48,9 +48,28 @@ pub struct RunResult {
     pub churn_writes: u64,
     pub phases: BTreeMap<String, Phase>,
     pub resync: Option<Resync>,
-    /// endpoints-guard's `--ghost-scan-qps` in this run.
+    /// endpoints-guard's `--ghost-scan-qps` in this run (the bench's, else
+    /// the binary's default).
     #[serde(default)]
     pub ghost_scan_qps: Option<f64>,
+    /// endpoints-guard's `--resync-interval` in this run, seconds (the
+    /// bench's, else the binary's default; 0: no resync). None for
+    /// kube-controller-manager, and in reports written before it was recorded.
+    #[serde(default)]
+    pub resync_interval_s: Option<f64>,
+    /// Seconds from a ghost pod's delete, lost in kube-apiserver's watch
+    /// cache, until its address had left every Endpoints (EndpointSlice) of
+    /// the run. None: not within the ghost phase's timeout, or no ghost phase
+    /// ran (`ghost` tells which).
+    #[serde(default)]
+    pub ghost_found_s: Option<f64>,
+    /// The ghost phase; None: not measured for this run.
+    #[serde(default)]
+    pub ghost: Option<Ghost>,
+    /// API requests a second at rest, every verb but watch
+    /// ([`requests_per_s_at_rest`]).
+    #[serde(default)]
+    pub api_requests_per_s_at_rest: Option<f64>,
     /// kube-controller-manager's `--kube-api-qps` in this run (none for
     /// endpoints-guard; reports written before it was recorded: 20).
     #[serde(default)]
@@ -129,20 +148,71 @@ impl RunResult {
     }
 
     /// Whether steady brought nothing but the ghost scan's GETs, within its
-    /// budget (10 % and two reads of slack for the phase edges).
-    pub fn steady_is_only_the_ghost_scan(&self) -> bool {
+    /// budget (10 % and two reads of slack for the phase edges), and the
+    /// periodic resync's list pages: at most one resync's (as the resync
+    /// phase measured them) for each resync that fits in the window.
+    pub fn steady_is_only_the_scan_and_resync(&self) -> bool {
         let Some(steady) = self.phases.get("steady") else {
             return false;
         };
         let budget = self.ghost_scan_qps.unwrap_or(0.0) * steady.wall_s * 1.1 + 2.0;
         let gets = steady.requests.get("get").copied().unwrap_or(0);
+        let lists = steady.requests.get("list").copied().unwrap_or(0);
+        let interval_s = self.resync_interval_s.unwrap_or(0.0);
+        let resyncs = if interval_s > 0.0 {
+            (steady.wall_s / interval_s).floor() as u64 + 1
+        } else {
+            0
+        };
+        let list_budget = resyncs * resync_lists(self.resync.as_ref());
         let others: u64 = steady
             .requests
             .iter()
-            .filter(|(verb, _)| verb.as_str() != "get")
+            .filter(|(verb, _)| !matches!(verb.as_str(), "get" | "list"))
             .map(|(_, n)| n)
             .sum();
-        steady.writes == 0 && others == 0 && (gets as f64) <= budget
+        steady.writes == 0 && others == 0 && (gets as f64) <= budget && lists <= list_budget
+    }
+}
+
+/// The list requests (pages) of one full resync, as the resync phase
+/// measured them.
+fn resync_lists(resync: Option<&Resync>) -> u64 {
+    resync.map_or(0, |r| r.requests.get("list").copied().unwrap_or(0))
+}
+
+/// API requests a second at rest, every verb but watch (a watch is one
+/// long request, not a rate). kube-controller-manager: its requests in the
+/// steady phase over the phase's length. endpoints-guard: the same, but its
+/// list requests in steady (the periodic resync's pages, which a window of a
+/// minute holds once or not at all) replaced by one full resync's lists (the
+/// resync phase's) spread over the resync interval in effect; with the
+/// resync off, steady as it is. None without a steady phase, or for
+/// endpoints-guard without a resync measurement.
+pub fn requests_per_s_at_rest(
+    controller: Controller,
+    steady: Option<&Phase>,
+    resync: Option<&Resync>,
+    resync_interval_s: Option<f64>,
+) -> Option<f64> {
+    let steady = steady.filter(|s| s.wall_s > 0.0)?;
+    let count = |verb: &str| steady.requests.get(verb).copied().unwrap_or(0);
+    let all: u64 = steady.requests.values().sum::<u64>() - count("watch");
+    let interval_s = resync_interval_s.unwrap_or(0.0);
+    if controller.is_upstream() || interval_s <= 0.0 {
+        return Some(all as f64 / steady.wall_s);
+    }
+    let one_resync = resync?.requests.get("list").copied().unwrap_or(0);
+    Some((all - count("list")) as f64 / steady.wall_s + one_resync as f64 / interval_s)
+}
+
+/// The ghost phase's outcome in words: seconds, "not within N s", or "not
+/// measured".
+pub fn ghost_text(run: &RunResult) -> String {
+    match (&run.ghost, run.ghost_found_s) {
+        (None, _) => "not measured".to_string(),
+        (Some(_), Some(found)) => format!("{found:.1} s"),
+        (Some(g), None) => format!("not within {:.0} s", g.timeout_s),
     }
 }
 
@@ -161,6 +231,8 @@ pub(super) struct Parts<'a> {
     pub phases: BTreeMap<String, Phase>,
     pub resync: Option<Resync>,
     pub ghost_scan_qps: Option<f64>,
+    pub resync_interval: Option<std::time::Duration>,
+    pub ghost: Option<Ghost>,
     pub client_qps: Option<u32>,
     pub in_process: Option<InProcess>,
 }
@@ -184,6 +256,13 @@ pub(super) fn assemble(parts: Parts<'_>) -> RunResult {
         writes += phase.writes;
     }
     let lat = parts.latencies;
+    let resync_interval_s = parts.resync_interval.map(|i| i.as_secs_f64());
+    let api_requests_per_s_at_rest = requests_per_s_at_rest(
+        parts.controller,
+        parts.phases.get("steady"),
+        parts.resync.as_ref(),
+        resync_interval_s,
+    );
     RunResult {
         size: opts.size.name.clone(),
         kind: parts.kind,
@@ -211,6 +290,10 @@ pub(super) fn assemble(parts: Parts<'_>) -> RunResult {
         phases: parts.phases,
         resync: parts.resync,
         ghost_scan_qps: parts.ghost_scan_qps,
+        resync_interval_s,
+        ghost_found_s: parts.ghost.as_ref().and_then(|g| g.found_s),
+        ghost: parts.ghost,
+        api_requests_per_s_at_rest,
         client_qps: parts.client_qps,
         in_process: parts.in_process,
     }
@@ -301,6 +384,9 @@ fn ratio(ours: f64, theirs: f64) -> String {
         "n/a".into()
     }
 }
+
+/// The time within which a ghost's address must leave every object.
+pub const GHOST_TARGET_S: f64 = 600.0;
 
 fn verdict(ok: bool) -> &'static str {
     if ok { "met" } else { "**missed**" }
@@ -472,6 +558,41 @@ pub fn markdown(kind: Kind, runs: &[RunResult]) -> String {
             &RunResult::cold_requests_per_s,
             1,
         );
+        // Figures a run may not have: "—" there and in its ratios.
+        let optional = |name: &str, f: &dyn Fn(&RunResult) -> Option<f64>, digits: usize| {
+            let mut line = format!("| {name} |");
+            for r in &columns {
+                match f(r) {
+                    Some(v) => {
+                        let _ = write!(line, " {v:.digits$} |");
+                    }
+                    None => line.push_str(" — |"),
+                }
+            }
+            for t in &against {
+                let q = match (ours.and_then(f), f(t)) {
+                    (Some(o), Some(t)) => ratio(o, t),
+                    _ => "—".into(),
+                };
+                let _ = write!(line, " {q} |");
+            }
+            line + "\n"
+        };
+        out += &optional(
+            "API requests per s at rest (every verb but watch)",
+            &|r| r.api_requests_per_s_at_rest,
+            2,
+        );
+        let mut line = format!(
+            "| ghost: its address gone after its lost DELETE, from every {} |",
+            kind.objects()
+        );
+        for r in &columns {
+            let _ = write!(line, " {} |", ghost_text(r));
+        }
+        line.push_str(&" — |".repeat(against.len()));
+        out += &line;
+        out.push('\n');
         let missed: Vec<String> = columns
             .iter()
             .map(|r| format!("{} {}", r.label(), r.churn_missed))
@@ -498,6 +619,21 @@ pub fn markdown(kind: Kind, runs: &[RunResult]) -> String {
                         requests_text(&p.requests_by_resource)
                     );
                 }
+            }
+            if let Some(g) = &r.ghost {
+                let _ = writeln!(
+                    out,
+                    "| {} | ghost ({}: address {}; restored in {:.1} s) | {:.1} | — | — | {} |",
+                    r.label(),
+                    g.pod,
+                    match g.found_s {
+                        Some(found) => format!("gone after {found:.1} s"),
+                        None => format!("still listed after {:.0} s", g.timeout_s),
+                    },
+                    g.restore_s,
+                    g.found_s.unwrap_or(g.timeout_s),
+                    requests_text(&g.requests_by_resource)
+                );
             }
             match &r.resync {
                 Some(s) => {
@@ -584,21 +720,43 @@ pub fn markdown(kind: Kind, runs: &[RunResult]) -> String {
                     );
                 }
             }
+            if o.ghost.is_some() {
+                row(
+                    &mut out,
+                    &format!("ghost's address gone ≤ {GHOST_TARGET_S:.0} s after its lost DELETE"),
+                    ghost_text(o),
+                    o.ghost_found_s.is_some_and(|s| s <= GHOST_TARGET_S),
+                );
+            }
             let (reads, per_s, cpu_us) = o.ghost_scan_cost().unwrap_or_default();
+            let steady_lists = o
+                .phases
+                .get("steady")
+                .and_then(|p| p.requests.get("list"))
+                .copied()
+                .unwrap_or(0);
             row(
                 &mut out,
-                "guard's steady requests: only the ghost scan's GETs, within --ghost-scan-qps",
+                "guard's steady requests: only the ghost scan's GETs, within --ghost-scan-qps, and the resync's list pages",
                 format!(
-                    "{reads} GETs, {per_s:.1}/s (budget {}/s), {cpu_us:.0} µs CPU per read",
-                    o.ghost_scan_qps.unwrap_or(0.0)
+                    "{reads} GETs, {per_s:.1}/s (budget {}/s), {cpu_us:.0} µs CPU per read; {steady_lists} lists (one resync: {}, every {} s)",
+                    o.ghost_scan_qps.unwrap_or(0.0),
+                    resync_lists(o.resync.as_ref()),
+                    o.resync_interval_s
+                        .map_or("—".to_string(), |i| format!("{i:.0}"))
                 ),
-                o.steady_is_only_the_ghost_scan(),
+                o.steady_is_only_the_scan_and_resync(),
             );
         }
     }
     let _ = writeln!(
         out,
         "\nRequests are counted from kube-apiserver's audit log (one ServiceAccount per controller). Writes are {} watch events (ADDED, MODIFIED, DELETED) seen by an independent watch. CPU is the process's threads' time on a CPU in nanoseconds (/proc/<pid>/task/*/schedstat), or its utime + stime in 10 ms clock ticks (/proc/<pid>/stat) where a thread exited during the phase (marked \"(ticks)\"); peak RSS is VmHWM. \"Inside the process\" figures are endpoints-guard's `endpoints_guard_event_to_write_seconds` and `_answered_seconds` histograms over churn alone (scraped before and after): from the watch event's arrival to the first write of the reconcile it queued being sent, and to that write's answer; interpolated inside buckets about 19 % wide, as `histogram_quantile` does.",
+        kind.objects()
+    );
+    let _ = writeln!(
+        out,
+        "\nAPI requests per s at rest count every verb but watch: kube-controller-manager's in the steady phase over its length; endpoints-guard's likewise, but with its list requests in steady (the periodic resync's pages) replaced by one full resync's list requests (the resync phase's) divided by its `--resync-interval` in this run. The ghost figure is the time from the force-delete of a pod whose DELETE etcd-fault-proxy kept from kube-apiserver's watch cache until an independent watch saw its address in none of the {}; \"not within N s\" is a run that waited N s in vain, \"not measured\" one without the ghost phase.",
         kind.objects()
     );
     out
@@ -678,4 +836,202 @@ pub fn cdf_svg(kind: Kind, size: &str, series: &[(Controller, Vec<f64>)]) -> Str
         h - 8.0
     );
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counts(pairs: &[(&str, u64)]) -> BTreeMap<String, u64> {
+        pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+    }
+
+    fn steady(wall_s: f64, requests: &[(&str, u64)]) -> Phase {
+        Phase {
+            wall_s,
+            requests: counts(requests),
+            ..Phase::default()
+        }
+    }
+
+    fn resync(lists: u64, gets: u64) -> Resync {
+        Resync {
+            requests: counts(&[("list", lists), ("get", gets)]),
+            ..Resync::default()
+        }
+    }
+
+    #[test]
+    fn at_rest_the_guard_pays_one_resync_per_interval_not_the_windows() {
+        // 60 s holding 300 scan reads, a watch and one resync's 6 pages; a
+        // resync is 6 pages (its one GET is the scan's) every 120 s.
+        let window = steady(60.0, &[("get", 300), ("watch", 1), ("list", 6)]);
+        let rate = requests_per_s_at_rest(
+            Controller::Guard,
+            Some(&window),
+            Some(&resync(6, 1)),
+            Some(120.0),
+        );
+        assert_eq!(rate, Some(300.0 / 60.0 + 6.0 / 120.0));
+        // A window without the resync: the same rate.
+        let quiet = steady(60.0, &[("get", 300)]);
+        assert_eq!(
+            requests_per_s_at_rest(
+                Controller::Guard,
+                Some(&quiet),
+                Some(&resync(6, 1)),
+                Some(120.0)
+            ),
+            rate
+        );
+        // Resync off: the window as it is.
+        assert_eq!(
+            requests_per_s_at_rest(Controller::Guard, Some(&window), None, Some(0.0)),
+            Some(306.0 / 60.0)
+        );
+        // No resync measured: no figure.
+        assert_eq!(
+            requests_per_s_at_rest(Controller::Guard, Some(&window), None, Some(120.0)),
+            None
+        );
+    }
+
+    #[test]
+    fn at_rest_upstream_is_its_steady_rate_without_watches() {
+        let window = steady(60.0, &[("watch", 2), ("get", 3), ("update", 3)]);
+        for c in [Controller::Upstream, Controller::UpstreamFast] {
+            assert_eq!(
+                requests_per_s_at_rest(c, Some(&window), None, None),
+                Some(0.1)
+            );
+        }
+        assert_eq!(
+            requests_per_s_at_rest(Controller::Upstream, None, None, None),
+            None
+        );
+        let empty = steady(0.0, &[]);
+        assert_eq!(
+            requests_per_s_at_rest(Controller::Upstream, Some(&empty), None, None),
+            None
+        );
+    }
+
+    fn run(controller: Controller, ghost: Option<Ghost>) -> RunResult {
+        let mut phases = BTreeMap::new();
+        phases.insert(
+            "steady".to_string(),
+            steady(60.0, &[("get", 300), ("list", 6)]),
+        );
+        let guard = controller == Controller::Guard;
+        assemble(Parts {
+            size: &BenchOptions::new(
+                super::super::BenchSize {
+                    name: "S".into(),
+                    services: 1,
+                    pods_per_service: 1,
+                    services_per_namespace: 1,
+                },
+                "endpoints-guard".into(),
+                "out".into(),
+            ),
+            kind: Kind::Endpoints,
+            controller,
+            setup_s: 0.0,
+            cold_sync_s: 1.0,
+            latencies: &[],
+            flips: 0,
+            failed: 0,
+            missed: 0,
+            peak_rss_main_mb: 1.0,
+            phases,
+            resync: guard.then(|| resync(6, 0)),
+            ghost_scan_qps: guard.then_some(5.0),
+            resync_interval: guard.then_some(std::time::Duration::from_secs(120)),
+            ghost,
+            client_qps: (!guard).then_some(20),
+            in_process: None,
+        })
+    }
+
+    fn ghost(found_s: Option<f64>) -> Ghost {
+        Ghost {
+            pod: "bench-0/svc-0-pod-9".into(),
+            timeout_s: 660.0,
+            found_s,
+            ..Ghost::default()
+        }
+    }
+
+    #[test]
+    fn a_ghost_never_found_is_not_a_ghost_not_looked_for() {
+        let found = run(Controller::Guard, Some(ghost(Some(130.5))));
+        let never = run(Controller::Upstream, Some(ghost(None)));
+        let skipped = run(Controller::UpstreamFast, None);
+        assert_eq!(found.ghost_found_s, Some(130.5));
+        assert_eq!(never.ghost_found_s, None);
+        assert_eq!(skipped.ghost_found_s, None);
+        assert_eq!(ghost_text(&found), "130.5 s");
+        assert_eq!(ghost_text(&never), "not within 660 s");
+        assert_eq!(ghost_text(&skipped), "not measured");
+        // The JSON keeps the difference.
+        for r in [&found, &never, &skipped] {
+            let back: RunResult =
+                serde_json::from_str(&serde_json::to_string(r).unwrap_or_default())
+                    .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(back.ghost, r.ghost);
+            assert_eq!(ghost_text(&back), ghost_text(r));
+        }
+        let md = markdown(Kind::Endpoints, &[found, never, skipped]);
+        assert!(
+            md.contains("| 130.5 s | not within 660 s | not measured | — | — |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| ghost's address gone ≤ 600 s after its lost DELETE | 130.5 s | met |"),
+            "{md}"
+        );
+        // Ours: 300 reads over 60 s, the window's 6 pages replaced by 6
+        // every 120 s; theirs: everything but watches over 60 s.
+        assert!(
+            md.contains("| API requests per s at rest (every verb but watch) | 5.05 | 5.10 | 5.10 | 0.99× | 0.99× |"),
+            "{md}"
+        );
+    }
+
+    #[test]
+    fn reports_from_before_the_ghost_phase_still_read() {
+        let mut old = serde_json::to_value(run(Controller::Guard, None)).unwrap_or_default();
+        for field in [
+            "ghost",
+            "ghost_found_s",
+            "api_requests_per_s_at_rest",
+            "resync_interval_s",
+        ] {
+            old.as_object_mut().map(|o| o.remove(field));
+        }
+        let back: RunResult = serde_json::from_value(old).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(ghost_text(&back), "not measured");
+        assert_eq!(back.api_requests_per_s_at_rest, None);
+    }
+
+    #[test]
+    fn steady_may_hold_the_resyncs_pages_but_no_more() {
+        let ours = run(Controller::Guard, None);
+        assert!(ours.steady_is_only_the_scan_and_resync());
+        let mut more = ours.clone();
+        more.phases
+            .insert("steady".into(), steady(60.0, &[("get", 300), ("list", 13)]));
+        assert!(!more.steady_is_only_the_scan_and_resync());
+        let mut writes = ours.clone();
+        writes.phases.insert(
+            "steady".into(),
+            steady(60.0, &[("get", 300), ("update", 1)]),
+        );
+        assert!(!writes.steady_is_only_the_scan_and_resync());
+        let mut reads = ours;
+        reads
+            .phases
+            .insert("steady".into(), steady(60.0, &[("get", 400)]));
+        assert!(!reads.steady_is_only_the_scan_and_resync());
+    }
 }

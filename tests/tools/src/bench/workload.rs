@@ -193,6 +193,16 @@ impl BenchWorkload {
         Ok(start.elapsed())
     }
 
+    /// Creates pod `index` (churn order) again as setup made it, Running and
+    /// Ready with its own IP and Node: after the ghost phase deleted it.
+    pub async fn create_pod_again(&self, client: &Client, index: usize) -> Result<()> {
+        let pod = self
+            .pods
+            .get(index)
+            .with_context(|| format!("the workload has no pod {index}"))?;
+        create_pod(client, pod, index).await
+    }
+
     /// Deletes every Endpoints object and every EndpointSlice (whichever
     /// controller manages it) in the bench namespaces.
     pub async fn delete_outputs(&self, client: &Client) -> Result<()> {

@@ -8,10 +8,20 @@
 //! eg-bench [--size S|M|L|XL|N] [--kind endpoints|endpointslices|both] [--rate PODS_PER_S]
 //!          [--churn-secs N] [--steady-secs N] [--resync-secs N] [--out DIR]
 //!          [--only CONTROLLER[,CONTROLLER]...] [--upstream-arg FLAG]...
-//!          [--ghost-scan-qps N] [--fast-qps N] [--repeat N]
+//!          [--guard-resync-secs N] [--ghost-scan-qps N] [--fast-qps N] [--repeat N]
+//!          [--ghost CONTROLLER[,CONTROLLER]...|none] [--ghost-kind endpoints|endpointslices|both|none]
+//!          [--ghost-timeout-secs N] [--etcd-compaction-secs N]
 //!   CONTROLLER: endpoints-guard | kube-controller-manager | kube-controller-manager-fast
 //! eg-bench --render [--out DIR]    # rewrite the report*.md from report*.json
 //! ```
+//!
+//! `--resync-secs` is the interval of the resync phase's fresh process;
+//! `--guard-resync-secs` and `--ghost-scan-qps` set endpoints-guard's flags
+//! in its measured run (unset: the binary's defaults). `--ghost` names the
+//! controllers whose runs have the ghost phase (default endpoints-guard and
+//! kube-controller-manager; `--ghost-kind` the kinds, default both), each
+//! waiting up to `--ghost-timeout-secs` (660). `--etcd-compaction-secs` is
+//! kube-apiserver's `--etcd-compaction-interval` (default its own, 5 minutes).
 //!
 //! `SIZE` and `KIND` may also come from the environment (the flags win).
 
@@ -27,7 +37,20 @@ fn usage() -> &'static str {
      [--churn-secs N] [--steady-secs N] \
      [--resync-secs N] [--out DIR] \
      [--only endpoints-guard|kube-controller-manager|kube-controller-manager-fast[,...]] \
-     [--upstream-arg FLAG]... [--ghost-scan-qps N] [--fast-qps N] [--repeat N] | eg-bench --render [--out DIR]"
+     [--upstream-arg FLAG]... [--guard-resync-secs N] [--ghost-scan-qps N] [--fast-qps N] [--repeat N] \
+     [--ghost CONTROLLER[,...]|none] [--ghost-kind endpoints|endpointslices|both|none] \
+     [--ghost-timeout-secs N] [--etcd-compaction-secs N] | eg-bench --render [--out DIR]"
+}
+
+/// `--only` and `--ghost`: controller names, comma-separated.
+fn controllers(flag: &str, value: &str) -> Result<Vec<Controller>> {
+    value
+        .split(',')
+        .map(|name| {
+            Controller::named(name.trim())
+                .with_context(|| format!("{flag} {name}: unknown controller"))
+        })
+        .collect()
 }
 
 fn parse() -> Result<BenchOptions> {
@@ -63,11 +86,18 @@ fn parse() -> Result<BenchOptions> {
             "--rate" => opts.churn_rate = value.parse().context("--rate")?,
             "--churn-secs" => opts.churn = secs(&value)?,
             "--steady-secs" => opts.steady = secs(&value)?,
-            "--resync-secs" => opts.resync_interval = secs(&value)?,
+            "--resync-secs" => opts.resync_phase_interval = secs(&value)?,
+            "--guard-resync-secs" => opts.guard_resync_interval = Some(secs(&value)?),
+            "--ghost" if value == "none" => opts.ghost_controllers.clear(),
+            "--ghost" => opts.ghost_controllers = controllers("--ghost", &value)?,
+            "--ghost-kind" if value == "none" => opts.ghost_kinds.clear(),
+            "--ghost-kind" => opts.ghost_kinds = Kind::parse_list(&value)?,
+            "--ghost-timeout-secs" => opts.ghost_timeout = secs(&value)?,
+            "--etcd-compaction-secs" => opts.etcd_compaction_interval = Some(secs(&value)?),
             "--out" => opts.out_dir = PathBuf::from(value),
             "--upstream-arg" => opts.upstream_args.push(value),
             "--ghost-scan-qps" => {
-                opts.ghost_scan_qps = value.parse().context("--ghost-scan-qps")?
+                opts.ghost_scan_qps = Some(value.parse().context("--ghost-scan-qps")?)
             }
             "--fast-qps" => opts.fast_upstream_qps = value.parse().context("--fast-qps")?,
             "--repeat" => {
@@ -76,15 +106,7 @@ fn parse() -> Result<BenchOptions> {
                     bail!("--repeat 0: give at least one round");
                 }
             }
-            "--only" => {
-                opts.controllers = value
-                    .split(',')
-                    .map(|name| {
-                        Controller::named(name.trim())
-                            .with_context(|| format!("--only {name}: unknown controller"))
-                    })
-                    .collect::<Result<_>>()?;
-            }
+            "--only" => opts.controllers = controllers("--only", &value)?,
             other => bail!("unknown flag {other}; {}", usage()),
         }
     }

@@ -12,8 +12,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::ListParams;
 use kube::{Api, Client};
 
-use crate::config::{Controller, VerifyArgs};
+use crate::config::VerifyArgs;
 use crate::error::{Error, Result};
+use crate::settings::Controller;
 use crate::startup::FIELD_MANAGER;
 
 /// How often the objects are read again.

@@ -159,7 +159,7 @@ fn every_fixed_label_value_is_exported() {
         ("endpointslice_writes_total", every(&[VERBS])),
         (
             "spurious_deletions_prevented_total",
-            every(&[&controllers, PREVENTION_REASONS]),
+            every(&[&controllers, prevention::ALL]),
         ),
         ("audit_divergences_total", every(&[&controllers, VERBS])),
         ("pod_deletions_held_total", every(&[&controllers])),

@@ -4,6 +4,9 @@
 //! serves `/metrics` over TLS to callers a TokenReview authenticates and a
 //! SubjectAccessReview authorizes.
 
+pub mod auth;
+pub mod tls;
+
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -21,7 +24,7 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use crate::metrics_auth::{Authorizer, Decision};
+use auth::{Authorizer, Decision};
 
 /// How long a client has for its TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -231,10 +234,7 @@ async fn route(req: &Request<Incoming>, routes: &Routes) -> Answer {
                 }
                 Ok(Decision::Forbidden(user)) => text(
                     StatusCode::FORBIDDEN,
-                    format!(
-                        "Forbidden: user {user:?} may not get {}\n",
-                        crate::metrics_auth::PATH
-                    ),
+                    format!("Forbidden: user {user:?} may not get {}\n", auth::PATH),
                 ),
                 Err(err) => {
                     tracing::warn!(error = %err, "metrics server: cannot check the caller");

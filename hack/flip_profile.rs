@@ -1,17 +1,16 @@
-//! A harness for profiling the CPU of one pod flip and of one ghost-scan
-//! read (docs/cpu-profile.md), ignored by default. It drives the real code:
-//! a pod's MODIFIED watch line through the decoder, the cache and the pod
-//! handler; the reconcile of its Service, whose PUT goes to a scripted peer
-//! (plain HTTP, on its own thread, so its CPU is not ours); our own write's
-//! MODIFIED line back through the Endpoints watcher's path (and again in a
-//! line it must decode whole, for comparison); and the ghost
-//! scan's metadata GET. Each stage is a function of its own, so callgrind's
-//! inclusive costs split a flip:
+//! Profiles the CPU of one pod flip and of one ghost-scan read
+//! (docs/cpu-profile.md). It drives the library's real code: a pod's MODIFIED
+//! watch line through the decoder, the cache and the pod handler; the
+//! reconcile of its Service, whose PUT goes to a scripted peer (plain HTTP, on
+//! its own thread, so its CPU is not ours); our own write's MODIFIED line back
+//! through the Endpoints watcher's path (and again in a line it must decode
+//! whole, for comparison); and the ghost scan's metadata GET. Each stage is a
+//! function of its own, so callgrind's inclusive costs split a flip:
 //!
 //! ```text
-//! cargo test --release --lib flip_profile -- --ignored --nocapture   # build
+//! cargo build --release --features profiling --example flip-profile
 //! FLIPS=400 valgrind --tool=callgrind --callgrind-out-file=/tmp/flip.out \
-//!     target/release/deps/endpoints_guard-<hash> flip_profile --ignored --test-threads=1
+//!     target/release/examples/flip-profile
 //! callgrind_annotate --inclusive=yes /tmp/flip.out | grep stage_
 //! ```
 
@@ -23,10 +22,10 @@ use hardened_watcher::{LiveRead, ObjectKey, Outcome, WatchEventKind, live};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 
-use super::{Context, Stores, kinds, sync, testkit};
-use crate::config::{Controller, Controllers};
-use crate::desired;
-use crate::reconcile::kinds::{EndpointsKind, Kind, PodKind, ServiceKind};
+use endpoints_guard::desired;
+use endpoints_guard::reconcile::kinds::{self, EndpointsKind, Kind, PodKind, ServiceKind};
+use endpoints_guard::reconcile::{Context, Stores, sync, testkit};
+use endpoints_guard::settings::{Controller, Controllers};
 
 const NAMESPACE: &str = "eg-bench-0";
 const SERVICES: usize = 50;
@@ -253,9 +252,7 @@ fn fill<K: Kind>(ctx: &Context, objects: impl Iterator<Item = Value>) {
     }
 }
 
-#[test]
-#[ignore = "a profiling harness: run under callgrind (docs/cpu-profile.md)"]
-fn flip_profile() {
+fn main() {
     let flips: usize = std::env::var("FLIPS")
         .ok()
         .and_then(|n| n.parse().ok())

@@ -3,7 +3,7 @@
 //! reasons, verbs), never object names, so cardinality stays bounded.
 //!
 //! Every series a labelled metric can have (all combinations of its fixed label
-//! sets) is exported at 0 from start-up ([`Metrics::export_fixed_series`]): a
+//! sets) is exported at 0 from start-up (`Metrics::export_fixed_series`): a
 //! counter's first increment is then an increase Prometheus sees (a series that
 //! first appears at 1 has no `increase()`, and an alert on it stays silent). A
 //! new label value is one entry in its list: a variant in its enum's `ALL`, or a
@@ -15,10 +15,9 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-use crate::config::Controller;
 use crate::desired::scope::Invalid;
 use crate::error::{Error, Result};
-use crate::reconcile::guard::PREVENTION_REASONS;
+use crate::settings::Controller;
 use hardened_watcher::{DriftKind, RestartReason, StaleReason};
 
 /// The release, for `endpoints_guard_build_info{version}`.
@@ -29,6 +28,31 @@ pub const REVISION: &str = match option_env!("EG_REVISION") {
     Some(revision) if !revision.is_empty() => revision,
     _ => "unknown",
 };
+
+/// `reason` of `spurious_deletions_prevented_total`: why the deletion the
+/// guard refused looked due (the guard maps its evidence to these).
+pub mod prevention {
+    /// The cache lost the Service through a watch DELETE.
+    pub const WATCH_DELETE: &str = "watch_delete";
+    /// A relist did not have the Service.
+    pub const MISSING_FROM_LIST: &str = "missing_from_list";
+    /// The cache never had the Service.
+    pub const NOT_IN_CACHE: &str = "not_in_cache";
+    /// The cache showed a Service opted out that the API has opted in.
+    pub const STALE_OPT_OUT: &str = "stale_opt_out";
+    /// The cache showed an opted-in Service without its selector that the
+    /// API has with one (or not opted in): upstream's objects stay
+    /// upstream's.
+    pub const STALE_TAKEOVER: &str = "stale_takeover";
+    /// Every value, exported at 0 from start-up.
+    pub const ALL: &[&str] = &[
+        WATCH_DELETE,
+        MISSING_FROM_LIST,
+        NOT_IN_CACHE,
+        STALE_OPT_OUT,
+        STALE_TAKEOVER,
+    ];
+}
 
 /// `resource`: the watched (and resynced) resources.
 pub const RESOURCES: &[&str] = &["services", "pods", "endpoints", "endpointslices", "nodes"];
@@ -405,7 +429,7 @@ impl Metrics {
         zero(&self.endpointslice_writes, &[VERBS])?;
         zero(
             &self.spurious_deletions_prevented,
-            &[&controllers, PREVENTION_REASONS],
+            &[&controllers, prevention::ALL],
         )?;
         zero(&self.audit_divergences, &[&controllers, VERBS])?;
         zero(&self.pod_deletions_held, &[&controllers])?;
@@ -530,5 +554,4 @@ impl hardened_watcher::WatchObserver for Metrics {
 }
 
 #[cfg(test)]
-#[path = "metrics_tests.rs"]
 mod tests;

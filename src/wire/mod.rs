@@ -235,9 +235,7 @@ fn meta_without_managed_fields<'de, D: Deserializer<'de>>(de: D) -> Result<Objec
     })
 }
 
-#[path = "wire_protobuf.rs"]
 mod protobuf;
 
 #[cfg(test)]
-#[path = "wire_tests.rs"]
 mod tests;
