@@ -91,9 +91,11 @@ impl Scale {
 /// Both columns of the row: endpoints-guard (the chart at its defaults, in
 /// all scope) and kube-controller-manager's endpoint controllers, each with
 /// a ghost of its own. `kcm` is the upstream controllers' process of the
-/// earlier rows, stopped first.
-pub(super) async fn rows(run: &mut Run<'_>, mut kcm: Process) -> Result<()> {
-    kcm.stop().await?;
+/// earlier rows, if any, stopped first.
+pub(super) async fn rows(run: &mut Run<'_>, kcm: Option<Process>) -> Result<()> {
+    if let Some(mut kcm) = kcm {
+        kcm.stop().await?;
+    }
     let scale = Scale::of(run.form);
     let truth = run.node.truth();
     let _kwok = fake_nodes(run, scale).await?;
@@ -119,8 +121,12 @@ pub(super) async fn rows(run: &mut Run<'_>, mut kcm: Process) -> Result<()> {
         "resyncInterval=90s",
     ])
     .await?;
-    let row = ghost_row(run, GUARD, &watch, target, scale).await?;
-    run.rows.push(row);
+    let row = ghost_row(run, GUARD, &watch, target, scale).await;
+    let log_dir = run.node.cp.log_dir().to_path_buf();
+    if let Err(err) = save_controller_logs(&run.client, &log_dir, "at-scale").await {
+        eprintln!("e2e_node: the controller's logs were not saved: {err:#}");
+    }
+    run.rows.push(row?);
     helm(
         run.node,
         &["uninstall", RELEASE, "--namespace", SYSTEM_NS, "--wait"],

@@ -23,7 +23,7 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -37,7 +37,7 @@ use eg_tools::node::{self, NodeImages, NodeOptions, RealNode};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 
@@ -174,6 +174,7 @@ async fn rows_under_traffic() -> Result<()> {
     }
     let images = NodeImages::locate()?;
     let out = workspace_root()?.join(match form {
+        _ if only_at_scale() => "target/e2e-node/at-scale",
         Form::Short => "target/e2e-node/short",
         Form::Full => "target/e2e-node",
     });
@@ -197,7 +198,10 @@ async fn rows_under_traffic() -> Result<()> {
         form,
         rows: Vec::new(),
     };
-    let outcome = run.all().await.and_then(|()| verdict(&run.rows, form));
+    let outcome = run.all().await.and_then(|()| match only_at_scale() {
+        true => at_scale::verdict(&run.rows, form),
+        false => verdict(&run.rows, form),
+    });
     let rows = std::mem::take(&mut run.rows);
     if outcome.is_err() {
         node.cp.keep_logs();
@@ -242,6 +246,13 @@ async fn rows_under_traffic() -> Result<()> {
 /// kept every endpoint), so there it is reported, not required: a CI that
 /// fails on chance proves nothing. The opt-in rows add theirs
 /// ([`opt_in::verdict`]).
+/// `EG_E2E_NODE_ONLY=at-scale`: the at-scale row alone (it makes its own
+/// chart install and upstream process), in minutes rather than an hour;
+/// its report goes to `target/e2e-node/at-scale/`.
+fn only_at_scale() -> bool {
+    std::env::var("EG_E2E_NODE_ONLY").as_deref() == Ok("at-scale")
+}
+
 fn verdict(rows: &[Row], form: Form) -> Result<()> {
     // At scale, the dead pod's address is published until a controller
     // learns from etcd that it is gone: that row is judged by its time.
@@ -279,6 +290,10 @@ fn verdict(rows: &[Row], form: Form) -> Result<()> {
 
 impl Run<'_> {
     async fn all(&mut self) -> Result<()> {
+        if only_at_scale() {
+            self.deploy_workload().await?;
+            return at_scale::rows(self, None).await;
+        }
         self.install_chart().await?;
         let mut guard = Writer::Guard;
         self.deploy_workload().await?;
@@ -307,7 +322,7 @@ impl Run<'_> {
         else {
             bail!("the opt-in rows lost their writers");
         };
-        at_scale::rows(self, kcm).await
+        at_scale::rows(self, Some(kcm)).await
     }
 
     async fn rows_for(&mut self, writer: &mut Writer, controller: &str) -> Result<()> {
@@ -708,6 +723,36 @@ impl Run<'_> {
             .parse()?;
         Ok(SocketAddr::new(ip, 80))
     }
+}
+
+/// Saves the logs of every endpoints-guard container of the release into the
+/// control plane's log folder (`endpoints-guard-<label>-<pod>-<container>.log`),
+/// which a failed run keeps: the controller's own account of a row.
+async fn save_controller_logs(client: &Client, log_dir: &Path, label: &str) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), SYSTEM_NS);
+    let list = pods
+        .list(&ListParams::default().labels("app.kubernetes.io/name=endpoints-guard"))
+        .await?;
+    for pod in list.items {
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let containers = pod.spec.map(|s| s.containers).unwrap_or_default();
+        for container in containers {
+            let params = LogParams {
+                container: Some(container.name.clone()),
+                ..LogParams::default()
+            };
+            let text = match pods.logs(&name, &params).await {
+                Ok(text) => text,
+                Err(err) => format!("(logs not read: {err})\n"),
+            };
+            let file = log_dir.join(format!(
+                "endpoints-guard-{label}-{name}-{}.log",
+                container.name
+            ));
+            std::fs::write(&file, text).with_context(|| format!("writing {}", file.display()))?;
+        }
+    }
+    Ok(())
 }
 
 fn helm(node: &RealNode, args: &[&str]) -> Result<()> {
