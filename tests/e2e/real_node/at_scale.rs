@@ -29,6 +29,8 @@ use super::*;
 pub(super) const ROW: &str = eg_tools::node::AT_SCALE_ROW;
 /// The fake nodes' Services and pods.
 const SCALE_NS: &str = "eg-scale";
+/// The taint that keeps every other pod off the fake nodes.
+const FAKE_NODE_TAINT: &str = "kwok.x-k8s.io/node";
 /// kube-apiserver's check every 5 to 7.5 minutes, then the resync at its
 /// default 90 s: 9 minutes, and the reads and writes after. The
 /// short form's API server compacts every minute, which drops its cache's
@@ -249,7 +251,10 @@ async fn fake_nodes(run: &Run<'_>, scale: Scale) -> Result<Process> {
         let node: Node = serde_json::from_value(json!({
             "metadata": {"name": name, "annotations": {"kwok.x-k8s.io/node": "fake"},
                          "labels": {"kubernetes.io/hostname": name, "type": "kwok"}},
-            "spec": {"podCIDR": cidr, "podCIDRs": [cidr]},
+            // Tainted: only the pods made for them go there. A controller
+            // pod scheduled on a fake node "runs" and does nothing.
+            "spec": {"podCIDR": cidr, "podCIDRs": [cidr],
+                     "taints": [{"key": FAKE_NODE_TAINT, "value": "fake", "effect": "NoSchedule"}]},
         }))?;
         nodes.create(&PostParams::default(), &node).await?;
     }
@@ -278,6 +283,8 @@ async fn fake_nodes(run: &Run<'_>, scale: Scale) -> Result<Process> {
                             "metadata": {"name": format!("{app}-{p}"), "labels": {"app": app}},
                             "spec": {
                                 "nodeSelector": {"type": "kwok"},
+                                "tolerations": [{"key": FAKE_NODE_TAINT, "operator": "Exists",
+                                                 "effect": "NoSchedule"}],
                                 "automountServiceAccountToken": false,
                                 "securityContext": {"runAsNonRoot": true, "runAsUser": 65532,
                                     "seccompProfile": {"type": "RuntimeDefault"}},

@@ -687,16 +687,31 @@ impl Run<'_> {
             args.extend(["--set", set]);
         }
         helm(self.node, &args)?;
+        // The Lease outlives an uninstall: wait for a holder that is one of
+        // this install's pods, running on the real node (the only node whose
+        // pods run for real).
         let leases: Api<Lease> = Api::namespaced(self.client.clone(), SYSTEM_NS);
         let deadline = Instant::now() + Duration::from_secs(60);
-        while lease_holder(&leases).await.unwrap_or_default().is_empty() {
+        loop {
+            let holder = lease_holder(&leases).await.unwrap_or_default();
+            let pods = controller_pods(&self.client).await?;
+            if let Some(pod) = pods
+                .iter()
+                .find(|p| p.metadata.name.as_deref() == Some(&holder))
+            {
+                let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+                ensure!(
+                    node.as_deref() == Some(node::NODE_NAME),
+                    "the Lease holder {holder} runs on {node:?}, not on the real node"
+                );
+                return Ok(());
+            }
             ensure!(
                 Instant::now() < deadline,
-                "nobody took the Lease within 60 s"
+                "none of this install's pods took the Lease within 60 s (holder: {holder:?})"
             );
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
-        Ok(())
     }
 
     async fn deploy_workload(&mut self) -> Result<()> {
@@ -941,6 +956,19 @@ async fn pod_post(ip: &str, path: &str) -> Result<()> {
     let (code, body) = loopback::request_to(addr, "POST", path, "text/plain", "").await?;
     ensure!(code == 200, "POST {path} on {addr}: {code} {body}");
     Ok(())
+}
+
+/// The release's controller pods that are not going away.
+async fn controller_pods(client: &Client) -> Result<Vec<Pod>> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), SYSTEM_NS);
+    let list = pods
+        .list(&ListParams::default().labels("app.kubernetes.io/name=endpoints-guard"))
+        .await?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect())
 }
 
 async fn lease_holder(leases: &Api<Lease>) -> Result<String> {
