@@ -149,36 +149,43 @@ impl RunResult {
 
     /// Whether steady brought nothing but the ghost scan's GETs, within its
     /// budget (10 % and two reads of slack for the phase edges), and the
-    /// periodic resync's list pages: at most one resync's (as the resync
-    /// phase measured them) for each resync that fits in the window.
+    /// periodic resync's list pages and the watches it resumes after them:
+    /// at most one resync's (as the resync phase measured them) for each
+    /// resync that fits in the window.
     pub fn steady_is_only_the_scan_and_resync(&self) -> bool {
         let Some(steady) = self.phases.get("steady") else {
             return false;
         };
         let budget = self.ghost_scan_qps.unwrap_or(0.0) * steady.wall_s * 1.1 + 2.0;
         let gets = steady.requests.get("get").copied().unwrap_or(0);
-        let lists = steady.requests.get("list").copied().unwrap_or(0);
         let interval_s = self.resync_interval_s.unwrap_or(0.0);
         let resyncs = if interval_s > 0.0 {
             (steady.wall_s / interval_s).floor() as u64 + 1
         } else {
             0
         };
-        let list_budget = resyncs * resync_lists(self.resync.as_ref());
+        let within_resyncs = |verb: &str| {
+            steady.requests.get(verb).copied().unwrap_or(0)
+                <= resyncs * resync_requests(self.resync.as_ref(), verb)
+        };
         let others: u64 = steady
             .requests
             .iter()
-            .filter(|(verb, _)| !matches!(verb.as_str(), "get" | "list"))
+            .filter(|(verb, _)| !matches!(verb.as_str(), "get" | "list" | "watch"))
             .map(|(_, n)| n)
             .sum();
-        steady.writes == 0 && others == 0 && (gets as f64) <= budget && lists <= list_budget
+        steady.writes == 0
+            && others == 0
+            && (gets as f64) <= budget
+            && within_resyncs("list")
+            && within_resyncs("watch")
     }
 }
 
-/// The list requests (pages) of one full resync, as the resync phase
-/// measured them.
-fn resync_lists(resync: Option<&Resync>) -> u64 {
-    resync.map_or(0, |r| r.requests.get("list").copied().unwrap_or(0))
+/// The requests of one verb that one full resync made, as the resync phase
+/// measured them: its list pages, and the watches it resumes after them.
+fn resync_requests(resync: Option<&Resync>, verb: &str) -> u64 {
+    resync.map_or(0, |r| r.requests.get(verb).copied().unwrap_or(0))
 }
 
 /// API requests a second at rest, every verb but watch (a watch is one
@@ -737,11 +744,11 @@ pub fn markdown(kind: Kind, runs: &[RunResult]) -> String {
                 .unwrap_or(0);
             row(
                 &mut out,
-                "guard's steady requests: only the ghost scan's GETs, within --ghost-scan-qps, and the resync's list pages",
+                "guard's steady requests: only the ghost scan's GETs, within --ghost-scan-qps, and the resync's list pages and resumed watches",
                 format!(
                     "{reads} GETs, {per_s:.1}/s (budget {}/s), {cpu_us:.0} µs CPU per read; {steady_lists} lists (one resync: {}, every {} s)",
                     o.ghost_scan_qps.unwrap_or(0.0),
-                    resync_lists(o.resync.as_ref()),
+                    resync_requests(o.resync.as_ref(), "list"),
                     o.resync_interval_s
                         .map_or("—".to_string(), |i| format!("{i:.0}"))
                 ),
@@ -854,9 +861,11 @@ mod tests {
         }
     }
 
+    /// A resync's requests: its list pages, its GETs, and the three watches
+    /// it resumes after the lists.
     fn resync(lists: u64, gets: u64) -> Resync {
         Resync {
-            requests: counts(&[("list", lists), ("get", gets)]),
+            requests: counts(&[("list", lists), ("get", gets), ("watch", 3)]),
             ..Resync::default()
         }
     }
@@ -1018,6 +1027,18 @@ mod tests {
     fn steady_may_hold_the_resyncs_pages_but_no_more() {
         let ours = run(Controller::Guard, None);
         assert!(ours.steady_is_only_the_scan_and_resync());
+        let mut resumed = ours.clone();
+        resumed.phases.insert(
+            "steady".into(),
+            steady(60.0, &[("get", 300), ("list", 6), ("watch", 3)]),
+        );
+        assert!(resumed.steady_is_only_the_scan_and_resync());
+        let mut restarts = ours.clone();
+        restarts.phases.insert(
+            "steady".into(),
+            steady(60.0, &[("get", 300), ("list", 6), ("watch", 4)]),
+        );
+        assert!(!restarts.steady_is_only_the_scan_and_resync());
         let mut more = ours.clone();
         more.phases
             .insert("steady".into(), steady(60.0, &[("get", 300), ("list", 13)]));
