@@ -17,7 +17,6 @@
 
 use std::collections::BTreeMap;
 
-use anyhow::Context as _;
 use eg_harness::process::Process;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
@@ -101,17 +100,7 @@ pub(super) async fn rows(run: &mut Run<'_>, kcm: Option<Process>) -> Result<()> 
     let scale = Scale::of(run.form);
     let truth = run.node.truth();
     let _kwok = fake_nodes(run, scale).await?;
-    let services: Api<Service> = Api::namespaced(truth.clone(), TEST_NS);
-    let target = {
-        let ip: IpAddr = services
-            .get(SERVICE)
-            .await?
-            .spec
-            .and_then(|s| s.cluster_ip)
-            .context("web has no ClusterIP")?
-            .parse()?;
-        SocketAddr::new(ip, 80)
-    };
+    let target = web_address(&truth).await?;
     let watch = ServiceWatch::start(&truth, TEST_NS, SERVICE, "app=web").await;
 
     // endpoints-guard, at the chart's defaults but for the test image and

@@ -728,15 +728,7 @@ impl Run<'_> {
     }
 
     async fn cluster_ip(&self) -> Result<SocketAddr> {
-        let services: Api<Service> = Api::namespaced(self.client.clone(), TEST_NS);
-        let ip: IpAddr = services
-            .get(SERVICE)
-            .await?
-            .spec
-            .and_then(|s| s.cluster_ip)
-            .context("web has no ClusterIP")?
-            .parse()?;
-        Ok(SocketAddr::new(ip, 80))
+        web_address(&self.client).await
     }
 }
 
@@ -915,6 +907,19 @@ async fn wait_published_exactly(
         published.len() == count && published == live
     })
     .await
+}
+
+/// `web`'s ClusterIP and port, as `client` reads them.
+async fn web_address(client: &Client) -> Result<SocketAddr> {
+    let services: Api<Service> = Api::namespaced(client.clone(), TEST_NS);
+    let ip: IpAddr = services
+        .get(SERVICE)
+        .await?
+        .spec
+        .and_then(|s| s.cluster_ip)
+        .context("web has no ClusterIP")?
+        .parse()?;
+    Ok(SocketAddr::new(ip, 80))
 }
 
 async fn wait_until(what: &str, timeout: Duration, ready: impl Fn() -> bool) -> Result<()> {

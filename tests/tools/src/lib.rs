@@ -17,3 +17,16 @@ pub mod prometheus;
 pub mod slice_workload;
 pub mod soak;
 pub mod workload;
+
+/// What `program args` prints in `dir`, trimmed, or "unknown" when it
+/// cannot run or fails: the commit and date a report is stamped with.
+pub fn command_output(program: &str, args: &[&str], dir: &std::path::Path) -> String {
+    std::process::Command::new(program)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".into())
+}

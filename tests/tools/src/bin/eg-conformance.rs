@@ -557,17 +557,6 @@ fn copy_logs(from: &Path, to: &Path) -> Result<()> {
     Ok(())
 }
 
-fn command_output(program: &str, args: &[&str], dir: &Path) -> String {
-    Command::new(program)
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_else(|| "unknown".into())
-}
-
 /// Which specs a run covers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Nodes {
@@ -705,8 +694,8 @@ async fn main() -> Result<()> {
         .copied()
         .collect();
     let rows = rows(&specs, columns);
-    let commit = command_output("git", &["rev-parse", "--short", "HEAD"], &root);
-    let date = command_output("date", &["-u", "+%Y-%m-%d %H:%M UTC"], &root);
+    let commit = eg_tools::command_output("git", &["rev-parse", "--short", "HEAD"], &root);
+    let date = eg_tools::command_output("date", &["-u", "+%Y-%m-%d %H:%M UTC"], &root);
     let seconds = started.elapsed().as_secs_f64();
     context["commit"] = json!(commit);
     context["date"] = json!(date);

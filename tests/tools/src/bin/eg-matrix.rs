@@ -120,17 +120,6 @@ fn cargo() -> String {
     std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
 }
 
-fn command_output(program: &str, args: &[&str], dir: &Path) -> String {
-    Command::new(program)
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_else(|| "unknown".into())
-}
-
 /// Runs `command` in the workspace root, its output appended to `log`;
 /// whether it succeeded, and how long it took.
 fn run_logged(root: &Path, command: &mut Command, log: &Path) -> Result<(bool, f64)> {
@@ -462,8 +451,8 @@ fn main() -> Result<()> {
         return Ok(());
     }
     let started = Instant::now();
-    let commit = command_output("git", &["rev-parse", "--short", "HEAD"], &root);
-    let date = command_output("date", &["-u", "+%Y-%m-%d"], &root);
+    let commit = eg_tools::command_output("git", &["rev-parse", "--short", "HEAD"], &root);
+    let date = eg_tools::command_output("date", &["-u", "+%Y-%m-%d"], &root);
     prepare(&root, &options.steps, &options.out)?;
 
     let mut runs = Vec::new();
