@@ -247,7 +247,10 @@ pub fn markdown(report: &Value) -> String {
             if let Some(at_scale) = r["at_scale"].as_object() {
                 let repairs: Vec<String> = at_scale
                     .iter()
-                    .map(|(who, row)| format!("{who} {} s", row["repair_s"]))
+                    .map(|(who, row)| match row["repair_s"].as_f64() {
+                        Some(seconds) => format!("{who} {seconds} s"),
+                        None => format!("{who} not repaired within the row"),
+                    })
                     .collect();
                 text.push_str(&format!("; at scale, repaired in: {}", repairs.join(", ")));
             }
@@ -391,6 +394,20 @@ mod tests {
         let s = real_node(&report);
         assert_eq!(s.problems.len(), 2, "{:?}", s.problems);
         assert!(!real_node(&json!({"host_clean": true})).problems.is_empty());
+    }
+
+    #[test]
+    fn markdown_gives_the_repair_at_scale_or_says_there_was_none() {
+        let report = json!({"commit": "abc1234", "date": "2026-11-27", "versions": [
+            {"version": "v1.37.2",
+             "real_node": {"failed_wrong_endpoints": {GUARD: 0, UPSTREAM: 880}, "at_scale": {
+                 GUARD: {"repair_s": 85.2}, UPSTREAM: {"repair_s": null}}}},
+        ]});
+        let md = markdown(&report);
+        assert!(
+            md.contains("repaired in: endpoints-guard 85.2 s, kube-controller-manager not repaired within the row |"),
+            "{md}"
+        );
     }
 
     #[test]
