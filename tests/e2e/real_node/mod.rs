@@ -327,7 +327,7 @@ impl Run<'_> {
 
     async fn rows_for(&mut self, writer: &mut Writer, controller: &str) -> Result<()> {
         let watch = ServiceWatch::start(&self.client, TEST_NS, SERVICE, "app=web").await;
-        let target = self.cluster_ip().await?;
+        let target = web_address(&self.client).await?;
         let mut names: Vec<&str> = vec!["failure A: old pod DELETEs replayed"];
         if self.form == Form::Full {
             names = vec![
@@ -725,10 +725,6 @@ impl Run<'_> {
             .create(&PostParams::default(), &service(SERVICE))
             .await?;
         wait_rolled_out(&deployments).await
-    }
-
-    async fn cluster_ip(&self) -> Result<SocketAddr> {
-        web_address(&self.client).await
     }
 }
 
