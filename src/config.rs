@@ -248,6 +248,64 @@ pub enum Command {
     /// only writer of their endpoints, so they opt out before it is
     /// uninstalled. The chart's pre-delete hook runs it in opt-in scope.
     CheckUninstall,
+    /// Opts a Service in, with the waits between the steps: its selector
+    /// into the annotation and the labels on; once endpoints-guard's slices
+    /// list every ready address kube-controller-manager's do, its
+    /// spec.selector removed; returns once endpoints-guard alone publishes.
+    /// Patches the Service with your credentials.
+    OptIn(ServiceArgs),
+    /// Opts a Service out, with the waits between the steps: its selector
+    /// back; once kube-controller-manager's slices list every ready address
+    /// endpoints-guard's do, the opt-in label and annotations removed;
+    /// returns once endpoints-guard's slices are gone.
+    OptOut(ServiceArgs),
+    /// Every Service (of --namespace, else any) that carries an opt-in or
+    /// still has endpoints-guard's slices: its state, who publishes its
+    /// ready endpoints, the last Warning endpoints-guard reported on it.
+    Status,
+    /// The emergency path: every opted-in Service (of --namespace, else
+    /// any) back to kube-controller-manager as `opt-out` does it, all at
+    /// once, without a gap; works with endpoints-guard down.
+    HandBack(HandBackArgs),
+}
+
+/// A Service to opt in or out.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServiceArgs {
+    /// The Service, NAMESPACE/NAME.
+    pub service: crate::commands::service_view::ServiceName,
+    #[command(flatten)]
+    pub steps: StepArgs,
+}
+
+/// `hand-back --all`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct HandBackArgs {
+    /// Every opted-in Service (the only form; it says what is meant).
+    #[arg(long, required = true)]
+    pub all: bool,
+    #[command(flatten)]
+    pub steps: StepArgs,
+}
+
+/// How the opt-in subcommands go about it.
+#[derive(Debug, Clone, Copy, clap::Args)]
+pub struct StepArgs {
+    /// Print the patches and waits, change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// How long each wait may take.
+    #[arg(long, default_value = "2m", value_parser = parse_duration)]
+    pub timeout: Duration,
+}
+
+impl StepArgs {
+    pub fn options(self) -> crate::commands::opt_in::Options {
+        crate::commands::opt_in::Options {
+            dry_run: self.dry_run,
+            timeout: self.timeout,
+        }
+    }
 }
 
 #[derive(Debug, Clone, clap::Args)]

@@ -91,6 +91,9 @@ pub async fn start(
     shutdown: signal::Receiver<bool>,
 ) -> Result<(Running, impl Future<Output = ()>)> {
     let metrics = Arc::new(Metrics::new()?);
+    metrics
+        .server_newer_than_rules
+        .set(i64::from(rules.server_newer_minor().is_some()));
     let controllers = cfg.controller_set();
     let stores = Stores::for_controllers(controllers);
     let reporter = Reporter {
@@ -116,7 +119,7 @@ pub async fn start(
         managed_by: cfg.managed_by(),
         scope: cfg.scope,
         opt_out_grace: cfg.opt_out_grace,
-        frozen: Default::default(),
+        opt_in_states: Default::default(),
         leader: leadership.receiver(),
     });
 
@@ -298,6 +301,9 @@ async fn requeue_on_election(ctx: Arc<Context>) {
         if rx.wait_for(|l| !*l).await.is_err() {
             return;
         }
+        // Only the leader reconciles: what this replica saw of opted-in
+        // Services would soon be wrong, and its gauges with it.
+        ctx.opt_in_states.clear(&ctx.opt_in_gauges());
     }
 }
 

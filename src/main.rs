@@ -3,8 +3,8 @@
 
 use anyhow::Context as _;
 use clap::Parser;
-use endpoints_guard::commands::{check_uninstall, verify_endpoints};
-use endpoints_guard::config::{Command, Config, LogFormat};
+use endpoints_guard::commands;
+use endpoints_guard::config::{Config, LogFormat};
 use endpoints_guard::{controller, startup};
 use tokio::sync::watch;
 use tracing_subscriber::EnvFilter;
@@ -64,18 +64,10 @@ fn runtime(threads: u16) -> std::io::Result<tokio::runtime::Runtime> {
 }
 
 async fn run(cfg: Config) -> anyhow::Result<()> {
-    match &cfg.command {
-        Some(Command::VerifyEndpoints(args)) => {
-            let client = startup::client(&cfg).await?;
-            verify_endpoints::run(&client, args).await?;
-            return Ok(());
-        }
-        Some(Command::CheckUninstall) => {
-            let client = startup::client(&cfg).await?;
-            check_uninstall::run(&client, cfg.namespace.as_deref()).await?;
-            return Ok(());
-        }
-        None => {}
+    if let Some(command) = &cfg.command {
+        let client = startup::client(&cfg).await?;
+        commands::run(&client, command, cfg.namespace.as_deref()).await?;
+        return Ok(());
     }
     cfg.validate()
         .map_err(|why| anyhow::anyhow!("configuration: {why}"))?;

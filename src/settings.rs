@@ -27,6 +27,14 @@ pub enum Controller {
 impl Controller {
     pub const ALL: [Controller; 2] = [Controller::Endpoints, Controller::Endpointslices];
 
+    /// What the controller writes, for log lines and Event notes.
+    pub fn objects(self) -> &'static str {
+        match self {
+            Controller::Endpoints => "Endpoints",
+            Controller::Endpointslices => "EndpointSlices",
+        }
+    }
+
     /// The bounded `controller` label value (also the flag value).
     pub fn metric_label(self) -> &'static str {
         match self {

@@ -12,7 +12,7 @@ use kube::api::ListParams;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use crate::config::Config;
-use crate::desired::{KubeRelease, Rules};
+use crate::desired::{KubeRelease, Rules, ServerRelease};
 use crate::error::{Error, Result};
 use crate::ratelimit::RateLimitLayer;
 use crate::reconcile::kinds::{Kind, KindVisitor, for_each_kind};
@@ -117,10 +117,13 @@ pub async fn preflight(client: &Client, cfg: &Config) -> Result<()> {
 /// those of the API server's own minor (an error outside the supported
 /// range, naming it and the flag), with `--feature-gates`.
 pub async fn kube_rules(client: &Client, cfg: &Config) -> Result<Rules> {
-    let release = match cfg.kube_rules {
+    let picked = match cfg.kube_rules {
         Some(release) => {
             tracing::info!(rules = %release, "rules of Kubernetes {release} (--kube-rules)");
-            release
+            ServerRelease {
+                release,
+                newer_minor: None,
+            }
         }
         None => {
             // Readable by every authenticated user; where a server refuses
@@ -131,13 +134,28 @@ pub async fn kube_rules(client: &Client, cfg: &Config) -> Result<Rules> {
                     KubeRelease::choices()
                 ))
             })?;
-            let release = KubeRelease::of_server(&info.major, &info.minor, &info.git_version)
+            let picked = KubeRelease::of_server(&info.major, &info.minor, &info.git_version)
                 .map_err(Error::Config)?;
-            tracing::info!(rules = %release, server = %info.git_version, "rules of Kubernetes {release}, the API server's");
-            release
+            let release = picked.release;
+            match picked.newer_minor {
+                None => {
+                    tracing::info!(rules = %release, server = %info.git_version, "rules of Kubernetes {release}, the API server's")
+                }
+                Some(_) => tracing::warn!(
+                    rules = %release,
+                    server = %info.git_version,
+                    "the API server is newer than the newest rules here: following those of Kubernetes {release}; \
+                     upgrade endpoints-guard, or pass --kube-rules to silence this"
+                ),
+            }
+            picked
         }
     };
-    Rules::with_gates(release, cfg.feature_gates).map_err(Error::Config)
+    let rules = Rules::with_gates(picked.release, cfg.feature_gates).map_err(Error::Config)?;
+    Ok(match picked.newer_minor {
+        Some(minor) => rules.for_newer_server(minor),
+        None => rules,
+    })
 }
 
 /// The list check of every kind, to be awaited in order.

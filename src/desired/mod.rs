@@ -59,7 +59,7 @@ pub use labels::{EndpointsMarks, LABEL_HEADLESS, build_endpoints, needs_write};
 pub(crate) use pod::spec_and_status_accessors;
 pub use pod::{ContainerView, NamedPort, PodFields, PodSource};
 pub use pod_info::{NamedPortRef, PodInfo};
-pub use rules::{FeatureGates, KubeRelease, Rules, SpewHash};
+pub use rules::{FeatureGates, KubeRelease, Rules, ServerRelease, SpewHash};
 pub use trigger::{ANNOTATION_LAST_CHANGE_TRIGGER_TIME, format_rfc3339_nano, trigger_time};
 
 use ip::{GoIp, IpFamily, family_of_text};

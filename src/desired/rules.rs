@@ -64,9 +64,11 @@ impl KubeRelease {
 
     /// The release an API server reports in `/version`: `major` and `minor`
     /// (managed clusters may suffix the minor, `34+`), else the
-    /// `gitVersion` (`v1.34.4-eks-1`). An error names the supported range
-    /// and the flag that overrides the choice.
-    pub fn of_server(major: &str, minor: &str, git_version: &str) -> Result<KubeRelease, String> {
+    /// `gitVersion` (`v1.34.4-eks-1`). A 1.x newer than the newest release
+    /// here gets the newest one's rules, and says so; anything else outside
+    /// the range is an error naming it and the flag that overrides the
+    /// choice.
+    pub fn of_server(major: &str, minor: &str, git_version: &str) -> Result<ServerRelease, String> {
         let number = |text: &str| -> Option<u32> {
             let digits: String = text.chars().take_while(char::is_ascii_digit).collect();
             digits.parse().ok()
@@ -84,7 +86,17 @@ impl KubeRelease {
             ));
         };
         match (major, Self::of_minor(minor)) {
-            (1, Some(release)) => Ok(release),
+            (1, Some(release)) => Ok(ServerRelease {
+                release,
+                newer_minor: None,
+            }),
+            // A release newer than every one here: its controllers change
+            // little from one minor to the next, and refusing to start would
+            // freeze every Service this controller alone publishes.
+            (1, None) if minor > Self::NEWEST.minor() => Ok(ServerRelease {
+                release: Self::NEWEST,
+                newer_minor: Some(minor),
+            }),
             _ => Err(format!(
                 "the API server is Kubernetes {major}.{minor} ({git_version}); endpoints-guard \
                  follows the rules of {}: pass --kube-rules {} to run with one of them",
@@ -102,6 +114,15 @@ impl KubeRelease {
             .collect::<Vec<_>>()
             .join("|")
     }
+}
+
+/// The release whose rules serve an API server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServerRelease {
+    pub release: KubeRelease,
+    /// The server's minor, when it is newer than every release here
+    /// (`release` is then the newest).
+    pub newer_minor: Option<u32>,
 }
 
 impl std::fmt::Display for KubeRelease {
@@ -167,6 +188,8 @@ impl FeatureGates {
 pub struct Rules {
     release: KubeRelease,
     prefer_same_traffic_distribution: bool,
+    /// The API server's minor, when newer than `release` (the newest here).
+    server_newer_minor: Option<u32>,
 }
 
 impl Rules {
@@ -175,6 +198,7 @@ impl Rules {
         Rules {
             release,
             prefer_same_traffic_distribution: true,
+            server_newer_minor: None,
         }
     }
 
@@ -199,6 +223,17 @@ impl Rules {
         self.release
     }
 
+    /// These rules, followed for an API server of the newer minor 1.`minor`.
+    pub fn for_newer_server(mut self, minor: u32) -> Rules {
+        self.server_newer_minor = Some(minor);
+        self
+    }
+
+    /// The API server's minor, when it is newer than these rules' release.
+    pub fn server_newer_minor(self) -> Option<u32> {
+        self.server_newer_minor
+    }
+
     /// The digest Endpoints ports and subsets, and slice ports, are sorted by.
     pub fn port_order(self) -> SpewHash {
         if self.release <= KubeRelease::V1_34 {
@@ -221,16 +256,12 @@ mod tests {
 
     #[test]
     fn the_server_version_picks_the_release() {
-        let of = KubeRelease::of_server;
+        let of = |major, minor, git| KubeRelease::of_server(major, minor, git).map(|r| r.release);
         assert_eq!(of("1", "34", "v1.34.4"), Ok(KubeRelease::V1_34));
         assert_eq!(of("1", "35+", "v1.35.4-gke.100"), Ok(KubeRelease::V1_35));
         assert_eq!(of("", "", "v1.36.3-eks-1"), Ok(KubeRelease::V1_36));
         assert_eq!(of("1", "37", "v1.37.2"), Ok(KubeRelease::V1_37));
-        for (major, minor, git) in [
-            ("1", "33", "v1.33.7"),
-            ("1", "38", "v1.38.0"),
-            ("2", "0", "v2.0.0"),
-        ] {
+        for (major, minor, git) in [("1", "33", "v1.33.7"), ("2", "0", "v2.0.0")] {
             let err = of(major, minor, git).unwrap_err();
             assert!(
                 err.contains("1.34–1.37") && err.contains("--kube-rules 1.34|1.35|1.36|1.37"),
@@ -240,6 +271,26 @@ mod tests {
         }
         let err = of("", "", "master").unwrap_err();
         assert!(err.contains("--kube-rules"), "{err}");
+    }
+
+    #[test]
+    fn a_newer_server_gets_the_newest_rules_and_says_so() {
+        for (minor, git) in [("38", "v1.38.0"), ("41+", "v1.41.2-eks-3")] {
+            let picked = KubeRelease::of_server("1", minor, git);
+            assert_eq!(
+                picked.as_ref().map(|r| r.release),
+                Ok(KubeRelease::NEWEST),
+                "{git}"
+            );
+            assert!(
+                picked.is_ok_and(|r| r.newer_minor.is_some_and(|m| m > 37)),
+                "{git}"
+            );
+        }
+        assert_eq!(
+            KubeRelease::of_server("1", "37", "v1.37.2").map(|r| r.newer_minor),
+            Ok(None)
+        );
     }
 
     #[test]

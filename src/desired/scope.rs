@@ -80,6 +80,16 @@ impl Managers {
         own: true,
         upstream: false,
     };
+    /// kube-controller-manager's values only.
+    pub const UPSTREAM: Managers = Managers {
+        own: false,
+        upstream: true,
+    };
+    /// No value.
+    pub const NONE: Managers = Managers {
+        own: false,
+        upstream: false,
+    };
     /// `endpoints-guard` and kube-controller-manager's values.
     pub const OWN_AND_UPSTREAM: Managers = Managers {
         own: true,
@@ -129,6 +139,13 @@ pub enum Invalid {
     /// The selector annotation is `{}`: it would select every pod of the
     /// namespace, which is never what an opt-in means.
     SelectorEmpty,
+    /// The Service still has its `spec.selector`, and the annotation says
+    /// another: publishing beside upstream would route to other pods.
+    SelectorDiffers,
+    /// Taking over would drop ready endpoints upstream publishes for pods
+    /// that still exist: the annotation's selector does not select them (a
+    /// typo, or pod labels renamed since).
+    SelectorMissesPods,
     /// The Endpoints annotation is neither "true" nor "false".
     EndpointsValue,
     /// An ExternalName Service has no endpoints.
@@ -136,11 +153,13 @@ pub enum Invalid {
 }
 
 impl Invalid {
-    pub const ALL: [Invalid; 6] = [
+    pub const ALL: [Invalid; 8] = [
         Invalid::LabelValue,
         Invalid::SelectorMissing,
         Invalid::SelectorMalformed,
         Invalid::SelectorEmpty,
+        Invalid::SelectorDiffers,
+        Invalid::SelectorMissesPods,
         Invalid::EndpointsValue,
         Invalid::ExternalName,
     ];
@@ -152,6 +171,8 @@ impl Invalid {
             Invalid::SelectorMissing => "selector_missing",
             Invalid::SelectorMalformed => "selector_malformed",
             Invalid::SelectorEmpty => "selector_empty",
+            Invalid::SelectorDiffers => "selector_differs",
+            Invalid::SelectorMissesPods => "selector_misses_pods",
             Invalid::EndpointsValue => "endpoints_value",
             Invalid::ExternalName => "external_name",
         }
@@ -172,6 +193,12 @@ impl Invalid {
             Invalid::SelectorEmpty => format!(
                 "annotation {ANNOTATION_SELECTOR} is empty: it would select every pod of the namespace"
             ),
+            Invalid::SelectorDiffers => format!(
+                "annotation {ANNOTATION_SELECTOR} differs from spec.selector: copy spec.selector into it"
+            ),
+            Invalid::SelectorMissesPods => format!(
+                "annotation {ANNOTATION_SELECTOR} does not select pods kube-controller-manager publishes as ready: taking over would drop them"
+            ),
             Invalid::EndpointsValue => {
                 format!("annotation {ANNOTATION_ENDPOINTS} must be \"true\" or \"false\"")
             }
@@ -180,38 +207,41 @@ impl Invalid {
     }
 }
 
-/// What a Service says about opting in, parsed once.
+/// What the opt-in label says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Label {
+    /// No label, or `"false"`.
+    Off,
+    On,
+    Invalid,
+}
+
+/// What a Service says about opting in, parsed once: its label and
+/// annotations, each on its own, since people and GitOps tools change them
+/// one at a time.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum OptIn {
-    /// Not opted in: no label, or `"false"`.
-    No,
-    /// Opted in, with a usable selector; `endpoints`: whether its Endpoints
-    /// are written (the default) besides its slices.
-    Yes {
-        selector: BTreeMap<String, String>,
-        endpoints: bool,
-    },
-    /// Opted in, but unusable.
-    Invalid(Invalid),
+pub struct OptIn {
+    label: Label,
+    /// The selector annotation: `None` when absent.
+    selector: Option<Result<BTreeMap<String, String>, Invalid>>,
+    /// Whether Endpoints are written besides slices.
+    endpoints: Result<bool, Invalid>,
 }
 
 impl OptIn {
     /// Reads the opt-in label and annotations of `svc`.
     pub fn of(svc: &Service) -> OptIn {
-        let label = svc
+        let label = match svc
             .metadata
             .labels
             .as_ref()
             .and_then(|l| l.get(LABEL_OPT_IN))
-            .map(String::as_str);
-        match label {
-            None | Some("false") => return OptIn::No,
-            Some("true") => {}
-            Some(_) => return OptIn::Invalid(Invalid::LabelValue),
-        }
-        if is_external_name(svc) {
-            return OptIn::Invalid(Invalid::ExternalName);
-        }
+            .map(String::as_str)
+        {
+            None | Some("false") => Label::Off,
+            Some("true") => Label::On,
+            Some(_) => Label::Invalid,
+        };
         let annotation = |key: &str| {
             svc.metadata
                 .annotations
@@ -220,18 +250,21 @@ impl OptIn {
                 .map(String::as_str)
         };
         let endpoints = match annotation(ANNOTATION_ENDPOINTS) {
-            None | Some("true") => true,
-            Some("false") => false,
-            Some(_) => return OptIn::Invalid(Invalid::EndpointsValue),
+            None | Some("true") => Ok(true),
+            Some("false") => Ok(false),
+            Some(_) => Err(Invalid::EndpointsValue),
         };
-        match annotation(ANNOTATION_SELECTOR).map(parse_selector) {
-            None => OptIn::Invalid(Invalid::SelectorMissing),
-            Some(Err(why)) => OptIn::Invalid(why),
-            Some(Ok(selector)) => OptIn::Yes {
-                selector,
-                endpoints,
-            },
+        OptIn {
+            label,
+            selector: annotation(ANNOTATION_SELECTOR).map(parse_selector),
+            endpoints,
         }
+    }
+
+    /// Whether the Service carries anything of an opt-in (the label, or
+    /// the selector annotation).
+    pub fn is_marked(&self) -> bool {
+        self.label != Label::Off || self.selector.is_some()
     }
 }
 
@@ -300,12 +333,67 @@ fn is_external_name(svc: &Service) -> bool {
 pub enum EndpointsRole {
     /// Written by this controller.
     Write,
-    /// Left to upstream's Endpoints controller, which still writes them:
-    /// the Service has opted in but still has its `spec.selector`.
+    /// Upstream's Endpoints controller writes them: the Service has its
+    /// `spec.selector`. Endpoints of ours still there (from before the
+    /// selector came back) are kept current until upstream rewrites them.
     LeaveToUpstream,
     /// Not wanted (annotation [`ANNOTATION_ENDPOINTS`] `"false"`): what
     /// upstream or we left behind is removed.
     Remove,
+}
+
+/// Where an opted-in Service stands: the bounded `state` label of
+/// `endpoints_guard_opted_in_services`. Every state but
+/// [`OptInState::Protecting`] is reported (a Warning Event and an alert).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum OptInState {
+    /// Opted in without `spec.selector`: endpoints-guard alone publishes.
+    Protecting,
+    /// Opted in with `spec.selector`, endpoints-guard's slices beside
+    /// upstream's: the first step of an opt-in, or a selector that came back
+    /// (GitOps re-apply) before a takeover was seen. Protection is off.
+    BesideUpstream,
+    /// As [`OptInState::BesideUpstream`], after endpoints-guard had taken the
+    /// Service over: the selector came back (a re-applied manifest).
+    SelectorRestored,
+    /// The opt-in label was removed but not the selector annotation, and
+    /// the Service has no `spec.selector`: endpoints-guard keeps publishing,
+    /// since nobody else would.
+    LabelRemoved,
+    /// The label is off and the selector back, and endpoints-guard's
+    /// objects wait for upstream's to list the same ready endpoints.
+    OptingOut,
+    /// Opted in, but unusable (`opt_in_frozen_services{reason}` says why):
+    /// what is published stays as it is.
+    Frozen,
+}
+
+impl OptInState {
+    pub const ALL: [OptInState; 6] = [
+        OptInState::Protecting,
+        OptInState::BesideUpstream,
+        OptInState::SelectorRestored,
+        OptInState::LabelRemoved,
+        OptInState::OptingOut,
+        OptInState::Frozen,
+    ];
+
+    /// The bounded `state` label value.
+    pub fn metric_label(self) -> &'static str {
+        match self {
+            OptInState::Protecting => "protecting",
+            OptInState::BesideUpstream => "beside_upstream",
+            OptInState::SelectorRestored => "selector_restored",
+            OptInState::LabelRemoved => "label_removed",
+            OptInState::OptingOut => "opting_out",
+            OptInState::Frozen => "frozen",
+        }
+    }
+
+    /// Whether endpoints-guard alone publishes the Service's endpoints.
+    pub fn protected(self) -> bool {
+        matches!(self, OptInState::Protecting | OptInState::LabelRemoved)
+    }
 }
 
 /// How a handled Service is handled.
@@ -318,9 +406,19 @@ pub struct Managed<'a> {
     /// has lost its `spec.selector`, upstream's frozen objects too (taken
     /// over, so that no endpoint they froze outlives its pod).
     pub managers: Managers,
-    /// Whether the Endpoints written carry [`LABEL_SKIP_MIRROR`] and the
-    /// objects written our own managed-by value (`opt-in` scope).
-    pub opt_in: bool,
+    /// `opt-in` scope: where the Service stands (`None` in `all` scope).
+    /// The objects written carry our own managed-by value, and Endpoints
+    /// [`LABEL_SKIP_MIRROR`].
+    pub opt_in: Option<OptInState>,
+}
+
+impl Managed<'_> {
+    /// Whether upstream's objects of the Service are taken over: replaced
+    /// by ours and deleted, never relabelled (`opt-in` scope without
+    /// `spec.selector`).
+    pub fn takes_over(&self) -> bool {
+        self.opt_in.is_some() && self.managers.upstream()
+    }
 }
 
 /// What the controllers do for one Service.
@@ -332,11 +430,27 @@ pub enum Handling<'a> {
     NotHandled,
     /// Opted in, but unusable: what is published stays as it is.
     Frozen(Invalid),
-    /// `opt-in` scope, not opted in: objects of ours left for it (from an
-    /// opt-out) are removed once upstream's cover them or a grace period
-    /// has passed; nothing else of it is touched.
-    OptedOut,
+    /// `opt-in` scope, not opted in, with `spec.selector`: objects of ours
+    /// left for it (an opt-out) are kept current from that selector until
+    /// upstream's list the same ready endpoints, then removed. Never on a
+    /// timeout: upstream may never publish.
+    OptedOut(Managed<'a>),
+    /// `opt-in` scope, with no opt-in label, no selector annotation and no
+    /// `spec.selector` (or ExternalName): whoever opted it in has let it go.
+    /// Objects of ours left for it are removed once a live read agrees.
+    Abandoned,
     Managed(Managed<'a>),
+}
+
+impl<'a> Handling<'a> {
+    /// The selector whose pods concern the Service's objects of ours, in
+    /// any handling that keeps them current.
+    pub fn selector(&self) -> Option<&'a BTreeMap<String, String>> {
+        match self {
+            Handling::Managed(m) | Handling::OptedOut(m) => Some(m.selector),
+            _ => None,
+        }
+    }
 }
 
 /// The selector kube-controller-manager's controllers act on: that of a
@@ -352,45 +466,70 @@ pub fn spec_selector(svc: &Service) -> Option<&BTreeMap<String, String>> {
 /// How the controllers handle `svc` in `scope`; `opt_in` is [`OptIn::of`]
 /// the same Service.
 pub fn handling<'a>(scope: Scope, svc: &'a Service, opt_in: &'a OptIn) -> Handling<'a> {
-    match scope {
-        Scope::All => match spec_selector(svc) {
+    let spec = spec_selector(svc);
+    if scope == Scope::All {
+        return match spec {
             Some(selector) => Handling::Managed(Managed {
                 selector,
                 endpoints: EndpointsRole::Write,
                 managers: Managers::OWN_AND_UPSTREAM,
-                opt_in: false,
+                opt_in: None,
             }),
-            _ => Handling::NotHandled,
-        },
-        Scope::OptIn => match opt_in {
-            OptIn::No => Handling::OptedOut,
-            OptIn::Invalid(why) => Handling::Frozen(*why),
-            OptIn::Yes {
-                selector,
-                endpoints,
-            } => {
-                // Upstream's controllers act on a Service while it has a
-                // selector, and never again once it has none.
-                let upstream_active = spec_selector(svc).is_some();
-                let endpoints = match (endpoints, upstream_active) {
-                    (_, true) => EndpointsRole::LeaveToUpstream,
-                    (true, false) => EndpointsRole::Write,
-                    (false, false) => EndpointsRole::Remove,
-                };
-                let managers = if upstream_active {
-                    Managers::OWN
-                } else {
-                    Managers::OWN_AND_UPSTREAM
-                };
-                Handling::Managed(Managed {
-                    selector,
-                    endpoints,
-                    managers,
-                    opt_in: true,
-                })
-            }
-        },
+            None => Handling::NotHandled,
+        };
     }
+    if is_external_name(svc) {
+        // No endpoints, whatever the opt-in says.
+        return match opt_in.label {
+            Label::On => Handling::Frozen(Invalid::ExternalName),
+            Label::Invalid => Handling::Frozen(Invalid::LabelValue),
+            Label::Off => Handling::Abandoned,
+        };
+    }
+    let annotation = opt_in.selector.as_ref().map(|s| s.as_ref().map_err(|e| *e));
+    let (selector, state) = match (opt_in.label, annotation, spec) {
+        (Label::Invalid, _, _) => return Handling::Frozen(Invalid::LabelValue),
+        (Label::Off, _, Some(spec)) => {
+            return Handling::OptedOut(Managed {
+                selector: spec,
+                endpoints: EndpointsRole::LeaveToUpstream,
+                managers: Managers::OWN,
+                opt_in: Some(OptInState::OptingOut),
+            });
+        }
+        (Label::Off, None, None) => return Handling::Abandoned,
+        (_, Some(Err(why)), _) => return Handling::Frozen(why),
+        (Label::On, None, _) => return Handling::Frozen(Invalid::SelectorMissing),
+        (Label::On, Some(Ok(selector)), Some(spec)) if selector != spec => {
+            return Handling::Frozen(Invalid::SelectorDiffers);
+        }
+        (Label::On, Some(Ok(selector)), Some(_)) => (selector, OptInState::BesideUpstream),
+        (Label::On, Some(Ok(selector)), None) => (selector, OptInState::Protecting),
+        (Label::Off, Some(Ok(selector)), None) => (selector, OptInState::LabelRemoved),
+    };
+    let endpoints = match opt_in.endpoints {
+        Ok(endpoints) => endpoints,
+        Err(why) => return Handling::Frozen(why),
+    };
+    // Upstream's controllers act on a Service while it has a selector, and
+    // never again once it has none.
+    let upstream_active = spec.is_some();
+    let endpoints = match (endpoints, upstream_active) {
+        (_, true) => EndpointsRole::LeaveToUpstream,
+        (true, false) => EndpointsRole::Write,
+        (false, false) => EndpointsRole::Remove,
+    };
+    let managers = if upstream_active {
+        Managers::OWN
+    } else {
+        Managers::OWN_AND_UPSTREAM
+    };
+    Handling::Managed(Managed {
+        selector,
+        endpoints,
+        managers,
+        opt_in: Some(state),
+    })
 }
 
 #[cfg(test)]

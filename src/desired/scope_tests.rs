@@ -63,31 +63,67 @@ fn the_selector_annotation_is_a_json_object_of_label_keys_and_values() {
     assert_eq!(parse_selector(" { } "), Err(Invalid::SelectorEmpty));
 }
 
+/// [`Handling`], owning what it borrows, for comparisons.
+#[derive(Debug, PartialEq)]
+enum Seen {
+    NotHandled,
+    Frozen(Invalid),
+    OptedOut(BTreeMap<String, String>),
+    Abandoned,
+    Managed {
+        selector: BTreeMap<String, String>,
+        endpoints: EndpointsRole,
+        state: Option<OptInState>,
+    },
+}
+
+/// How `svc` is handled in opt-in scope.
+fn opt_in_handling(svc: &Service) -> Seen {
+    let opt_in = OptIn::of(svc);
+    match handling(Scope::OptIn, svc, &opt_in) {
+        Handling::NotHandled => Seen::NotHandled,
+        Handling::Frozen(why) => Seen::Frozen(why),
+        Handling::OptedOut(m) => {
+            assert_eq!(m.managers, Managers::OWN, "an opt-out touches only ours");
+            Seen::OptedOut(m.selector.clone())
+        }
+        Handling::Abandoned => Seen::Abandoned,
+        Handling::Managed(m) => Seen::Managed {
+            selector: m.selector.clone(),
+            endpoints: m.endpoints,
+            state: m.opt_in,
+        },
+    }
+}
+
+fn state_of(svc: &Service) -> Option<OptInState> {
+    match opt_in_handling(svc) {
+        Seen::Managed { state, .. } => state,
+        _ => None,
+    }
+}
+
 #[test]
 fn the_label_says_in_or_out_and_anything_else_freezes() {
     let labelled = |value: &str| {
         service(
             json!({LABEL_OPT_IN: value}),
             json!({ANNOTATION_SELECTOR: r#"{"app":"web"}"#}),
-            json!({}),
+            json!({"selector": {"app": "web"}}),
         )
     };
     assert_eq!(
-        OptIn::of(&service(json!({}), json!({}), json!({}))),
-        OptIn::No
+        opt_in_handling(&labelled("false")),
+        Seen::OptedOut(app("web"))
     );
-    assert_eq!(OptIn::of(&labelled("false")), OptIn::No);
     assert_eq!(
-        OptIn::of(&labelled("true")),
-        OptIn::Yes {
-            selector: app("web"),
-            endpoints: true
-        }
+        state_of(&labelled("true")),
+        Some(OptInState::BesideUpstream)
     );
     for value in ["yes", "True", ""] {
         assert_eq!(
-            OptIn::of(&labelled(value)),
-            OptIn::Invalid(Invalid::LabelValue),
+            opt_in_handling(&labelled(value)),
+            Seen::Frozen(Invalid::LabelValue),
             "{value:?}"
         );
     }
@@ -97,23 +133,26 @@ fn the_label_says_in_or_out_and_anything_else_freezes() {
 fn an_opted_in_service_without_a_usable_selector_is_invalid() {
     let no_annotation = service(json!({LABEL_OPT_IN: "true"}), json!({}), json!({}));
     assert_eq!(
-        OptIn::of(&no_annotation),
-        OptIn::Invalid(Invalid::SelectorMissing)
+        opt_in_handling(&no_annotation),
+        Seen::Frozen(Invalid::SelectorMissing)
     );
     assert_eq!(
-        OptIn::of(&opted_in("app=web")),
-        OptIn::Invalid(Invalid::SelectorMalformed)
+        opt_in_handling(&opted_in("app=web")),
+        Seen::Frozen(Invalid::SelectorMalformed)
     );
     assert_eq!(
-        OptIn::of(&opted_in("{}")),
-        OptIn::Invalid(Invalid::SelectorEmpty)
+        opt_in_handling(&opted_in("{}")),
+        Seen::Frozen(Invalid::SelectorEmpty)
     );
     let external = service(
         json!({LABEL_OPT_IN: "true"}),
         json!({ANNOTATION_SELECTOR: r#"{"app":"web"}"#}),
         json!({"type": "ExternalName", "externalName": "example.invalid"}),
     );
-    assert_eq!(OptIn::of(&external), OptIn::Invalid(Invalid::ExternalName));
+    assert_eq!(
+        opt_in_handling(&external),
+        Seen::Frozen(Invalid::ExternalName)
+    );
 }
 
 #[test]
@@ -125,23 +164,75 @@ fn the_endpoints_annotation_turns_endpoints_off_per_service() {
             json!({}),
         )
     };
+    let role = |svc: &Service| match opt_in_handling(svc) {
+        Seen::Managed { endpoints, .. } => Some(endpoints),
+        _ => None,
+    };
+    assert_eq!(role(&with("false")), Some(EndpointsRole::Remove));
+    assert_eq!(role(&with("true")), Some(EndpointsRole::Write));
     assert_eq!(
-        OptIn::of(&with("false")),
-        OptIn::Yes {
-            selector: app("web"),
-            endpoints: false
-        }
+        opt_in_handling(&with("no")),
+        Seen::Frozen(Invalid::EndpointsValue)
     );
-    assert!(matches!(
-        OptIn::of(&with("true")),
-        OptIn::Yes {
-            endpoints: true,
-            ..
-        }
-    ));
+}
+
+/// Every combination of label, annotation and spec.selector people and
+/// GitOps tools leave behind, and what it means.
+#[test]
+fn every_partial_opt_in_has_a_meaning() {
+    let web = || json!({"selector": {"app": "web"}});
+    let annotation = json!({ANNOTATION_SELECTOR: r#"{"app":"web"}"#});
+    let on = json!({LABEL_OPT_IN: "true"});
+    // The label removed, the selector not back: still published from the
+    // annotation (nobody else would).
+    let label_removed = service(json!({}), annotation.clone(), json!({}));
+    assert_eq!(state_of(&label_removed), Some(OptInState::LabelRemoved));
+    // Label and annotation removed, no selector: abandoned.
     assert_eq!(
-        OptIn::of(&with("no")),
-        OptIn::Invalid(Invalid::EndpointsValue)
+        opt_in_handling(&service(json!({}), json!({}), json!({}))),
+        Seen::Abandoned
+    );
+    // The selector back, the label still on: beside upstream.
+    assert_eq!(
+        state_of(&service(on.clone(), annotation.clone(), web())),
+        Some(OptInState::BesideUpstream)
+    );
+    // A selector back that differs from the annotation freezes.
+    assert_eq!(
+        opt_in_handling(&service(
+            on.clone(),
+            annotation.clone(),
+            json!({"selector": {"app": "other"}})
+        )),
+        Seen::Frozen(Invalid::SelectorDiffers)
+    );
+    // Label off with the selector back: an opt-out, from spec.selector.
+    assert_eq!(
+        opt_in_handling(&service(
+            json!({}),
+            json!({ANNOTATION_SELECTOR: r#"{"app":"old"}"#}),
+            web(),
+        )),
+        Seen::OptedOut(app("web"))
+    );
+    // A broken annotation with the label off and no selector freezes
+    // rather than abandons.
+    assert_eq!(
+        opt_in_handling(&service(
+            json!({}),
+            json!({ANNOTATION_SELECTOR: "{"}),
+            json!({})
+        )),
+        Seen::Frozen(Invalid::SelectorMalformed)
+    );
+    // ExternalName without the label: nothing to publish, ours go.
+    assert_eq!(
+        opt_in_handling(&service(
+            json!({}),
+            annotation,
+            json!({"type": "ExternalName", "externalName": "example.invalid"})
+        )),
+        Seen::Abandoned
     );
 }
 
@@ -155,7 +246,7 @@ fn all_scope_handles_every_service_with_a_selector_and_nothing_else() {
     assert_eq!(managed.selector, &app("web"));
     assert_eq!(managed.endpoints, EndpointsRole::Write);
     assert_eq!(managed.managers, Managers::OWN_AND_UPSTREAM);
-    assert!(!managed.opt_in);
+    assert_eq!(managed.opt_in, None);
 
     let selectorless = service(json!({}), json!({}), json!({}));
     let opt_in = OptIn::of(&selectorless);
@@ -192,7 +283,11 @@ fn all_scope_handles_every_service_with_a_selector_and_nothing_else() {
 fn opt_in_scope_never_handles_a_service_that_did_not_opt_in() {
     let plain = service(json!({}), json!({}), json!({"selector": {"app": "web"}}));
     let opt_in = OptIn::of(&plain);
-    assert_eq!(handling(Scope::OptIn, &plain, &opt_in), Handling::OptedOut);
+    assert!(!opt_in.is_marked());
+    assert!(matches!(
+        handling(Scope::OptIn, &plain, &opt_in),
+        Handling::OptedOut(_)
+    ));
     let invalid = opted_in("{}");
     let opt_in = OptIn::of(&invalid);
     assert_eq!(
@@ -217,7 +312,8 @@ fn opt_in_scope_takes_over_from_upstream_only_once_the_selector_is_gone() {
     };
     assert_eq!(managed.endpoints, EndpointsRole::LeaveToUpstream);
     assert_eq!(managed.managers, Managers::OWN);
-    assert!(managed.opt_in);
+    assert_eq!(managed.opt_in, Some(OptInState::BesideUpstream));
+    assert!(!managed.takes_over());
 
     let taken = opted_in(r#"{"app":"web"}"#);
     let opt_in = OptIn::of(&taken);
@@ -226,6 +322,7 @@ fn opt_in_scope_takes_over_from_upstream_only_once_the_selector_is_gone() {
     };
     assert_eq!(managed.endpoints, EndpointsRole::Write);
     assert_eq!(managed.managers, Managers::OWN_AND_UPSTREAM);
+    assert!(managed.takes_over());
 
     let no_endpoints = service(
         json!({LABEL_OPT_IN: "true"}),
@@ -271,4 +368,11 @@ fn invalid_reasons_are_distinct_metric_labels() {
     let labels: std::collections::HashSet<_> =
         Invalid::ALL.iter().map(|i| i.metric_label()).collect();
     assert_eq!(labels.len(), Invalid::ALL.len());
+}
+
+#[test]
+fn opt_in_states_are_distinct_metric_labels() {
+    let labels: std::collections::HashSet<_> =
+        OptInState::ALL.iter().map(|s| s.metric_label()).collect();
+    assert_eq!(labels.len(), OptInState::ALL.len());
 }

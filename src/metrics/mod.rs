@@ -15,7 +15,7 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-use crate::desired::scope::Invalid;
+use crate::desired::scope::{Invalid, OptInState};
 use crate::error::{Error, Result};
 use crate::settings::Controller;
 use hardened_watcher::{DriftKind, RestartReason, StaleReason};
@@ -142,6 +142,8 @@ pub struct Metrics {
     pub ghost_scan_pass_seconds: Gauge,
     pub endpoints_restored: IntCounter,
     pub opt_in_frozen: IntGaugeVec,
+    pub opted_in_services: IntGaugeVec,
+    pub server_newer_than_rules: IntGauge,
 }
 
 /// The metrics that describe the process rather than the controller:
@@ -407,6 +409,17 @@ impl Metrics {
                 ),
                 &["reason"],
             )?,
+            opted_in_services: IntGaugeVec::new(
+                opts(
+                    "opted_in_services",
+                    "Services opted in (or on their way out), by state: protecting (endpoints-guard alone publishes), beside_upstream and selector_restored (spec.selector present: kube-controller-manager publishes too, protection off), label_removed (no label, no selector: still published from the annotation), opting_out (waiting for upstream to cover ours), frozen (unusable; see opt_in_frozen_services).",
+                ),
+                &["state"],
+            )?,
+            server_newer_than_rules: IntGauge::with_opts(opts(
+                "server_newer_than_rules",
+                "1 when the API server's minor is newer than the newest release whose rules endpoints-guard has: it runs with the newest rules, which may differ from that kube-controller-manager's.",
+            ))?,
         })
     }
 
@@ -452,6 +465,10 @@ impl Metrics {
             &self.opt_in_frozen,
             &[&labels_of(&Invalid::ALL, |i| i.metric_label())],
         )?;
+        zero(
+            &self.opted_in_services,
+            &[&labels_of(&OptInState::ALL, |s| s.metric_label())],
+        )?;
         Ok(())
     }
 
@@ -491,6 +508,8 @@ impl Metrics {
         r.register(Box::new(self.ghost_scan_pass_seconds.clone()))?;
         r.register(Box::new(self.endpoints_restored.clone()))?;
         r.register(Box::new(self.opt_in_frozen.clone()))?;
+        r.register(Box::new(self.opted_in_services.clone()))?;
+        r.register(Box::new(self.server_newer_than_rules.clone()))?;
         Ok(())
     }
 

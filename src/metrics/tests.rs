@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use prometheus::core::Collector;
 
 use super::*;
-use crate::desired::scope::Invalid;
+use crate::desired::scope::{Invalid, OptInState};
 
 /// Stands in for the registry to list what `register_all` registers.
 #[derive(Default)]
@@ -186,6 +186,10 @@ fn every_fixed_label_value_is_exported() {
         (
             "opt_in_frozen_services",
             every(&[&labels_of(&Invalid::ALL, |i| i.metric_label())]),
+        ),
+        (
+            "opted_in_services",
+            every(&[&labels_of(&OptInState::ALL, |s| s.metric_label())]),
         ),
         // revision before version.
         ("build_info", vec![vec![REVISION, VERSION]]),

@@ -11,9 +11,10 @@
 //! `crate::desired`'s.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
-use std::time::Duration;
 
-use crate::desired::scope::{EndpointsRole, Handling, Invalid, Managed, Managers, Scope};
+use crate::desired::scope::{
+    EndpointsRole, Handling, Invalid, Managed, Managers, OptInState, Scope,
+};
 use crate::desired::{self, PodInfo};
 use crate::reconcile::kinds::CachedService;
 use crate::settings::Controller;
@@ -50,10 +51,10 @@ pub struct Observed<'a> {
     /// For a Service that opted out: whether upstream's objects publish at
     /// least the ready endpoints ours do.
     pub covered: bool,
-    /// For a Service that opted out: how long since the opt-out was first
-    /// confirmed, and how long ours may wait for upstream's to cover them.
-    pub opted_out_for: Duration,
-    pub opt_out_grace: Duration,
+    /// For a Service whose upstream objects are about to be taken over:
+    /// whether they publish ready endpoints of pods that still exist and
+    /// that the opt-in's selector does not select ([`pods_missed`]).
+    pub misses_pods: bool,
 }
 
 /// Why a live read of the Service comes first.
@@ -62,9 +63,13 @@ pub enum Read {
     /// The cache lacks the Service and something of ours exists for it:
     /// deleting that on the cache's word is upstream's fault.
     ServiceMissing,
-    /// The cache shows the Service opted out: ours is removed only if the
-    /// API agrees.
+    /// The cache shows the Service opted out, and upstream's objects cover
+    /// ours: ours are removed only if the API agrees.
     OptOut,
+    /// The cache shows the Service's opt-in abandoned (no label, no
+    /// selector annotation, no `spec.selector`): ours are removed only if
+    /// the API agrees.
+    Abandoned,
     /// The cache shows an opted-in Service without its selector: upstream's
     /// objects are taken over (changed, removed) only if the API agrees.
     Takeover,
@@ -91,9 +96,9 @@ pub enum Removal {
     ServiceGone,
     /// The Service opted out and upstream's objects cover ours.
     OptedOut,
-    /// The Service opted out and upstream's objects did not cover ours
-    /// within the grace period.
-    OptOutTimedOut,
+    /// The Service's opt-in was abandoned: no label, no selector
+    /// annotation, no `spec.selector`.
+    Abandoned,
     /// The Service opted in with its Endpoints turned off: what upstream
     /// froze, or we wrote, goes.
     EndpointsOff,
@@ -112,8 +117,6 @@ pub enum Decision<'a> {
         why: Removal,
         managers: Managers,
     },
-    /// Come back after this long (an opt-out waiting for upstream).
-    Wait(Duration),
     /// Reconcile the content.
     Reconcile(Managed<'a>),
 }
@@ -136,7 +139,8 @@ pub fn decide<'a>(o: &Observed<'a>) -> Decision<'a> {
     match service.handling(o.scope) {
         Handling::NotHandled => Decision::Idle(Idle::NotHandled),
         Handling::Frozen(why) => Decision::Frozen(why),
-        Handling::OptedOut => opted_out(o),
+        Handling::OptedOut(managed) => opted_out(o, managed),
+        Handling::Abandoned => abandoned(o),
         Handling::Managed(managed) => match o.controller {
             Controller::Endpoints => endpoints(o, managed),
             Controller::Endpointslices => slices(o, managed),
@@ -144,32 +148,59 @@ pub fn decide<'a>(o: &Observed<'a>) -> Decision<'a> {
     }
 }
 
-/// Only our own objects of a Service that opted out go, once a live read
-/// agrees, and then only when upstream's cover them or the grace is over.
-fn opted_out<'a>(o: &Observed<'a>) -> Decision<'a> {
+/// Our own objects of a Service that opted out are kept current from its
+/// selector until upstream's cover them; then they go, once a live read
+/// agrees. No timeout removes them: upstream may never publish, and then
+/// they are the Service's only endpoints. Endpoints are never removed:
+/// upstream's Endpoints controller rewrites the one object when it syncs.
+fn opted_out<'a>(o: &Observed<'a>, managed: Managed<'a>) -> Decision<'a> {
     let managers = Managers::OWN;
     if !o.existing.ours(managers) {
         Decision::Idle(Idle::NotHandled)
+    } else if !o.covered || o.controller == Controller::Endpoints {
+        Decision::Reconcile(managed)
     } else if !o.read_live {
         Decision::ReadService(Read::OptOut)
-    } else if o.covered {
+    } else {
         Decision::Remove {
             why: Removal::OptedOut,
             managers,
         }
-    } else if o.opted_out_for >= o.opt_out_grace {
+    }
+}
+
+/// Our own objects of a Service whose opt-in was abandoned go, once a live
+/// read agrees.
+fn abandoned<'a>(o: &Observed<'a>) -> Decision<'a> {
+    let managers = Managers::OWN;
+    if !o.existing.ours(managers) {
+        Decision::Idle(Idle::NotHandled)
+    } else if !o.read_live {
+        Decision::ReadService(Read::Abandoned)
+    } else {
         Decision::Remove {
-            why: Removal::OptOutTimedOut,
+            why: Removal::Abandoned,
             managers,
         }
-    } else {
-        Decision::Wait(o.opt_out_grace - o.opted_out_for)
     }
+}
+
+/// Upstream's objects are taken over only when the opt-in's selector keeps
+/// every ready endpoint of a live pod they publish; otherwise they keep
+/// serving and the Service is frozen.
+fn takeover_blocked(o: &Observed<'_>, managed: Managed<'_>) -> bool {
+    managed.takes_over() && o.existing.upstream && o.misses_pods
 }
 
 fn endpoints<'a>(o: &Observed<'a>, managed: Managed<'a>) -> Decision<'a> {
     match managed.endpoints {
+        EndpointsRole::Write if takeover_blocked(o, managed) => {
+            Decision::Frozen(Invalid::SelectorMissesPods)
+        }
         EndpointsRole::Write => Decision::Reconcile(managed),
+        // Ours, from before the selector came back: kept current until
+        // upstream rewrites them (it does on its next sync).
+        EndpointsRole::LeaveToUpstream if o.existing.own => Decision::Reconcile(managed),
         EndpointsRole::LeaveToUpstream => Decision::Idle(Idle::LeftToUpstream),
         EndpointsRole::Remove if !o.existing.ours(managed.managers) => {
             Decision::Idle(Idle::EndpointsOff)
@@ -183,15 +214,72 @@ fn endpoints<'a>(o: &Observed<'a>, managed: Managed<'a>) -> Decision<'a> {
 }
 
 /// In opt-in scope, upstream's slices of a Service that lost its selector
-/// are taken over (reused, relabelled or deleted by the plan) once a live
-/// read agrees. In all scope upstream's slices are always ours: no read.
+/// are taken over (replaced by ours, then deleted) once a live read agrees.
+/// In all scope upstream's slices are always ours: no read.
 fn slices<'a>(o: &Observed<'a>, managed: Managed<'a>) -> Decision<'a> {
-    let takes_over = managed.opt_in && managed.managers.upstream() && o.existing.upstream;
-    if takes_over && !o.read_live {
+    let takes_over = managed.takes_over() && o.existing.upstream;
+    if takeover_blocked(o, managed) {
+        Decision::Frozen(Invalid::SelectorMissesPods)
+    } else if takes_over && !o.read_live {
         Decision::ReadService(Read::Takeover)
     } else {
         Decision::Reconcile(managed)
     }
+}
+
+/// Where one controller finds an opted-in Service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    State(OptInState),
+    Frozen(Invalid),
+}
+
+impl Status {
+    pub fn state(self) -> OptInState {
+        match self {
+            Status::State(state) => state,
+            Status::Frozen(_) => OptInState::Frozen,
+        }
+    }
+}
+
+/// Where a decision leaves an opted-in Service, for the reports
+/// ([`crate::reconcile::opt_in::OptInStates`]); `None` for a Service that
+/// is not opted in and has nothing of ours, or is gone.
+pub fn opt_in_status(
+    service: Option<&CachedService>,
+    scope: Scope,
+    decision: &Decision<'_>,
+) -> Option<Status> {
+    if let Decision::Frozen(why) = decision {
+        return Some(Status::Frozen(*why));
+    }
+    match service?.handling(scope) {
+        Handling::Managed(managed) => managed.opt_in.map(Status::State),
+        Handling::OptedOut(managed) => match decision {
+            Decision::Idle(_) | Decision::Remove { .. } => None,
+            _ => managed.opt_in.map(Status::State),
+        },
+        Handling::NotHandled | Handling::Abandoned | Handling::Frozen(_) => None,
+    }
+}
+
+/// The pods behind the ready endpoints upstream publishes (`published`)
+/// that still exist (`alive` finds the same incarnation in the cache) and
+/// that `selector` does not select: taking over would drop them.
+pub fn pods_missed<'a>(
+    published: impl IntoIterator<Item = NamedPod<'a>>,
+    selector: &BTreeMap<String, String>,
+    alive: impl Fn(NamedPod<'a>) -> Option<std::sync::Arc<PodInfo>>,
+) -> Vec<&'a str> {
+    let mut missed: Vec<&'a str> = published
+        .into_iter()
+        .filter(|pod| alive(*pod).is_some_and(|p| !desired::selector_matches(selector, p.as_ref())))
+        .map(|pod| pod.name)
+        .collect();
+    missed.sort_unstable();
+    missed.dedup();
+    missed
 }
 
 /// A pod an address or endpoint of ours names: its name and incarnation.

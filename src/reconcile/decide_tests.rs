@@ -3,14 +3,12 @@
 //! removal.
 
 use std::collections::{BTreeSet, HashSet};
-use std::time::Duration;
 
 use serde_json::{Value, json};
 
 use super::*;
-use crate::desired::scope::{ANNOTATION_ENDPOINTS, ANNOTATION_SELECTOR, LABEL_OPT_IN};
+use crate::desired::scope::{ANNOTATION_ENDPOINTS, ANNOTATION_SELECTOR, LABEL_OPT_IN, OptInState};
 
-const GRACE: Duration = Duration::from_secs(300);
 const OWN: Existing = Existing {
     own: true,
     upstream: false,
@@ -71,8 +69,7 @@ fn observed<'a>(
         read_live: false,
         existing,
         covered: false,
-        opted_out_for: Duration::ZERO,
-        opt_out_grace: GRACE,
+        misses_pods: false,
     }
 }
 
@@ -110,7 +107,6 @@ fn no_removal_without_a_live_read() {
                 for service in [None].into_iter().chain(cached.iter().map(Some)) {
                     let o = Observed {
                         covered: true,
-                        opted_out_for: GRACE * 2,
                         ..observed(scope, controller, service, existing)
                     };
                     assert!(
@@ -172,7 +168,6 @@ fn opt_in_scope_never_touches_a_service_that_did_not_opt_in() {
                 assert_eq!(decide(&o), Decision::Idle(Idle::NotHandled));
                 let o = Observed {
                     covered: true,
-                    opted_out_for: GRACE * 2,
                     ..live(o)
                 };
                 assert_eq!(decide(&o), Decision::Idle(Idle::NotHandled));
@@ -195,43 +190,130 @@ fn all_scope_never_touches_a_selectorless_service() {
     }
 }
 
+/// Our slices of an opted-out Service are kept current, with no read and no
+/// deadline, until upstream's cover them; only then a live read, and they
+/// go. Our Endpoints are kept current until upstream rewrites them, and
+/// never removed.
 #[test]
-fn an_opt_out_waits_for_upstream_to_cover_or_for_the_grace() {
+fn an_opt_out_keeps_ours_current_until_upstream_covers_them() {
     let svc = plain();
-    for controller in BOTH {
-        let o = observed(Scope::OptIn, controller, Some(&svc), OWN);
-        assert_eq!(decide(&o), Decision::ReadService(Read::OptOut));
-        let waited = Observed {
-            opted_out_for: Duration::from_secs(60),
-            ..live(o)
-        };
-        assert_eq!(
-            decide(&waited),
-            Decision::Wait(GRACE - Duration::from_secs(60))
-        );
-        let covered = Observed {
+    let o = observed(Scope::OptIn, Controller::Endpointslices, Some(&svc), OWN);
+    let Decision::Reconcile(managed) = decide(&o) else {
+        panic!("kept current: {:?}", decide(&o));
+    };
+    assert_eq!(managed.managers, Managers::OWN);
+    assert_eq!(managed.opt_in, Some(OptInState::OptingOut));
+    let covered = Observed { covered: true, ..o };
+    assert_eq!(decide(&covered), Decision::ReadService(Read::OptOut));
+    assert_eq!(
+        decide(&live(covered)),
+        Decision::Remove {
+            why: Removal::OptedOut,
+            managers: Managers::OWN
+        }
+    );
+    let o = observed(Scope::OptIn, Controller::Endpoints, Some(&svc), OWN);
+    for o in [
+        o,
+        Observed {
             covered: true,
-            ..waited
-        };
-        assert_eq!(
-            decide(&covered),
-            Decision::Remove {
-                why: Removal::OptedOut,
-                managers: Managers::OWN
-            }
-        );
-        let timed_out = Observed {
-            opted_out_for: GRACE,
             ..live(o)
-        };
+        },
+    ] {
+        assert!(reconciles(decide(&o)), "{:?}", decide(&o));
+    }
+}
+
+/// A label removed from a Service without a selector leaves nothing but the
+/// annotation to publish from: publishing goes on, and nobody else would.
+/// Only the annotation gone too abandons the opt-in, and then ours go once
+/// a live read agrees.
+#[test]
+fn a_removed_label_keeps_publishing_until_the_annotation_goes_too() {
+    let label_removed = service(
+        json!({}),
+        json!({ANNOTATION_SELECTOR: r#"{"app":"web"}"#}),
+        json!({}),
+    );
+    for controller in BOTH {
+        for existing in [OWN, UPSTREAM] {
+            let o = observed(Scope::OptIn, controller, Some(&label_removed), existing);
+            assert!(!removes(decide(&o)));
+            let Decision::Reconcile(managed) = decide(&live(o)) else {
+                panic!("{controller:?} {existing:?}: {:?}", decide(&live(o)));
+            };
+            assert_eq!(managed.opt_in, Some(OptInState::LabelRemoved));
+        }
+        let abandoned = selectorless();
+        let o = observed(Scope::OptIn, controller, Some(&abandoned), OWN);
+        assert_eq!(decide(&o), Decision::ReadService(Read::Abandoned));
         assert_eq!(
-            decide(&timed_out),
+            decide(&live(o)),
             Decision::Remove {
-                why: Removal::OptOutTimedOut,
+                why: Removal::Abandoned,
                 managers: Managers::OWN
             }
         );
     }
+}
+
+/// A takeover whose selector would drop ready endpoints of live pods
+/// upstream publishes leaves upstream's objects serving.
+#[test]
+fn a_takeover_that_misses_pods_freezes() {
+    let svc = opted_in(false);
+    for controller in BOTH {
+        let o = Observed {
+            misses_pods: true,
+            ..observed(Scope::OptIn, controller, Some(&svc), UPSTREAM)
+        };
+        assert_eq!(decide(&o), Decision::Frozen(Invalid::SelectorMissesPods));
+        assert_eq!(
+            decide(&live(o)),
+            Decision::Frozen(Invalid::SelectorMissesPods)
+        );
+        let taken = Observed { existing: OWN, ..o };
+        assert!(
+            reconciles(decide(&taken)),
+            "nothing of upstream's left: no check"
+        );
+    }
+}
+
+#[test]
+fn opt_in_states_follow_the_service_and_the_decision() {
+    let states = |svc: &CachedService, existing: Existing| {
+        BOTH.map(|controller| {
+            let o = observed(Scope::OptIn, controller, Some(svc), existing);
+            opt_in_status(Some(svc), Scope::OptIn, &decide(&o)).map(Status::state)
+        })
+    };
+    let s = Some;
+    assert_eq!(
+        states(&opted_in(false), OWN),
+        [s(OptInState::Protecting); 2]
+    );
+    assert_eq!(
+        states(&opted_in(true), UPSTREAM),
+        [s(OptInState::BesideUpstream); 2]
+    );
+    assert_eq!(
+        states(&plain(), OWN),
+        [s(OptInState::OptingOut); 2],
+        "ours still there"
+    );
+    assert_eq!(
+        states(&plain(), UPSTREAM),
+        [None, None],
+        "an ordinary Service"
+    );
+    assert_eq!(states(&selectorless(), OWN), [None, None], "abandoned");
+    let differs = service(
+        json!({LABEL_OPT_IN: "true"}),
+        json!({ANNOTATION_SELECTOR: r#"{"app":"other"}"#}),
+        json!({"selector": {"app": "web"}}),
+    );
+    assert_eq!(states(&differs, UPSTREAM), [s(OptInState::Frozen); 2]);
 }
 
 /// A live read that finds the Service opted in again after all (the cache
@@ -239,7 +321,10 @@ fn an_opt_out_waits_for_upstream_to_cover_or_for_the_grace() {
 #[test]
 fn an_opt_out_the_api_does_not_confirm_removes_nothing() {
     let stale = plain();
-    let o = observed(Scope::OptIn, Controller::Endpointslices, Some(&stale), OWN);
+    let o = Observed {
+        covered: true,
+        ..observed(Scope::OptIn, Controller::Endpointslices, Some(&stale), OWN)
+    };
     assert_eq!(decide(&o), Decision::ReadService(Read::OptOut));
     let current = opted_in(true);
     let read = Observed {
@@ -273,7 +358,14 @@ fn with_its_selector_an_opted_in_service_shares_with_upstream() {
     let svc = opted_in(true);
     for existing in [NOTHING, OWN, UPSTREAM] {
         let o = observed(Scope::OptIn, Controller::Endpoints, Some(&svc), existing);
-        assert_eq!(decide(&o), Decision::Idle(Idle::LeftToUpstream));
+        if existing == OWN {
+            assert!(
+                reconciles(decide(&o)),
+                "ours, from before the selector came back, kept current"
+            );
+        } else {
+            assert_eq!(decide(&o), Decision::Idle(Idle::LeftToUpstream));
+        }
         let o = observed(
             Scope::OptIn,
             Controller::Endpointslices,
@@ -434,5 +526,33 @@ fn nodes_are_read_only_for_published_pods_on_them() {
         nodes_to_confirm(&unknown, &published, pods.iter()),
         ["n1", "n2"],
         "n3's pod is on a known Node; d has no Node; each Node once"
+    );
+}
+
+#[test]
+fn a_takeover_keeps_only_live_pods_the_selector_selects() {
+    let selector = std::collections::BTreeMap::from([("app".to_string(), "web".to_string())]);
+    let pods = [
+        pod_info("a", "a-1", "web", None),
+        pod_info("b", "b-1", "wbe", None),
+        pod_info("c", "c-2", "other", None),
+    ];
+    let alive = |pod: NamedPod<'_>| {
+        pods.iter()
+            .find(|p| p.name() == pod.name && p.uid() == pod.uid)
+            .cloned()
+            .map(std::sync::Arc::new)
+    };
+    let published = [
+        named("a", "a-1"),
+        named("b", "b-1"),
+        named("b", "b-1"),
+        named("c", "c-1"),
+        named("gone", "g-1"),
+    ];
+    assert_eq!(
+        pods_missed(published, &selector, alive),
+        ["b"],
+        "a is selected; c's published incarnation and gone are no more"
     );
 }

@@ -14,7 +14,7 @@ use kube::runtime::events::{Event, EventType};
 use tracing::{info, warn};
 
 use super::Context;
-use super::decide::{NamedPod, PodVerdict, Read, pod_verdict, pods_to_confirm};
+use super::decide::{NamedPod, PodVerdict, Read, pod_verdict, pods_missed, pods_to_confirm};
 use super::kinds::{CachedNode, CachedService};
 use crate::desired::PodInfo;
 use crate::desired::scope::Handling;
@@ -33,14 +33,6 @@ fn prevention_reason(source: Option<DeletionSource>) -> &'static str {
         Some(DeletionSource::WatchDelete) => WATCH_DELETE,
         Some(DeletionSource::MissingFromList) => MISSING_FROM_LIST,
         None => NOT_IN_CACHE,
-    }
-}
-
-/// What `controller` writes, for log lines and Event notes.
-fn written(controller: Controller) -> &'static str {
-    match controller {
-        Controller::Endpoints => "Endpoints",
-        Controller::Endpointslices => "EndpointSlices",
     }
 }
 
@@ -78,7 +70,12 @@ pub async fn read_service(
     store.restore(svc.clone(), &stamp);
     let contradicted = match why {
         Read::ServiceMissing => Some(prevention_reason(tombstone.map(|(source, _)| source))),
-        Read::OptOut => (svc.handling(ctx.scope) != Handling::OptedOut).then_some(STALE_OPT_OUT),
+        Read::OptOut => {
+            (!matches!(svc.handling(ctx.scope), Handling::OptedOut(_))).then_some(STALE_OPT_OUT)
+        }
+        Read::Abandoned => {
+            (svc.handling(ctx.scope) != Handling::Abandoned).then_some(STALE_OPT_OUT)
+        }
         Read::Takeover => {
             let takes_over = matches!(
                 svc.handling(ctx.scope),
@@ -104,9 +101,9 @@ async fn report_prevention(
         .spurious_deletions_prevented
         .with_label_values(&[controller.metric_label(), reason])
         .inc();
-    let what = written(controller);
+    let what = controller.objects();
     let cause = match reason {
-        STALE_OPT_OUT => "the watch cache showed this Service opted out",
+        STALE_OPT_OUT => "the watch cache showed this Service opted out or abandoned",
         STALE_TAKEOVER => "the watch cache showed this Service opted in without its selector",
         _ => "the watch cache lacked this Service",
     };
@@ -188,6 +185,38 @@ pub async fn hold_unconfirmed_pod_deletions<'r>(
         }
     }
     Ok(())
+}
+
+/// Whether taking over upstream's objects of Service `key` would drop ready
+/// endpoints of live pods (`published`: the targetRefs of upstream's ready
+/// endpoints) that the opt-in's `selector` does not select. Logs them.
+pub fn selector_misses_pods<'r>(
+    ctx: &Context,
+    key: &ObjectKey,
+    selector: &BTreeMap<String, String>,
+    published: impl IntoIterator<Item = &'r ObjectReference>,
+) -> bool {
+    let named = published.into_iter().filter_map(|target| {
+        Some(NamedPod {
+            name: target.name.as_deref()?,
+            uid: target.uid.as_deref()?,
+        })
+    });
+    let missed = {
+        let cache = ctx.stores.pods.read();
+        pods_missed(named, selector, |pod| {
+            cache
+                .get(&ObjectKey::new(key.namespace.as_str(), pod.name))
+                .filter(|p| p.uid() == pod.uid)
+        })
+        .into_iter()
+        .map(str::to_owned)
+        .collect::<Vec<_>>()
+    };
+    if !missed.is_empty() {
+        warn!(%key, ?missed, "not taking over: the opt-in's selector misses pods kube-controller-manager publishes as ready");
+    }
+    !missed.is_empty()
 }
 
 /// The Nodes among `names` that the cache lacks are read live; one found

@@ -178,10 +178,11 @@ pub struct Context {
     /// Which Services are handled (`--scope`).
     pub scope: Scope,
     /// How long the objects of an opted-out Service wait for upstream's to
-    /// cover them (`--opt-out-grace`).
+    /// cover them before the wait is reported as stalled (`--opt-out-grace`);
+    /// they stay until upstream's do.
     pub opt_out_grace: Duration,
-    /// The Services an unusable opt-in freezes.
-    pub frozen: opt_in::FrozenServices,
+    /// Where each opted-in Service stands.
+    pub opt_in_states: opt_in::OptInStates,
     /// True while this instance may write: always without `--leader-elect`, else
     /// while it holds the leader Lease (see [`crate::leader`]).
     pub leader: tokio::sync::watch::Receiver<bool>,
@@ -213,6 +214,14 @@ impl Context {
     pub fn enqueue_for(&self, controller: Controller, key: ObjectKey, received: Option<Instant>) {
         if self.controllers().contains(controller) {
             self.work(controller).queue.add(key, received);
+        }
+    }
+
+    /// The gauges of the opt-in states.
+    pub fn opt_in_gauges(&self) -> opt_in::OptInGauges<'_> {
+        opt_in::OptInGauges {
+            states: &self.metrics.opted_in_services,
+            frozen: &self.metrics.opt_in_frozen,
         }
     }
 

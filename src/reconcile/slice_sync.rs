@@ -11,7 +11,6 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
-use std::time::Instant;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -51,7 +50,11 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey, timer: &WriteTimer) -> Re
         let service = live.clone().unwrap_or_else(|| ctx.stores.services.get(key));
         let opted_out = service
             .as_deref()
-            .is_some_and(|svc| svc.handling(ctx.scope) == Handling::OptedOut);
+            .is_some_and(|svc| matches!(svc.handling(ctx.scope), Handling::OptedOut(_)));
+        let misses_pods =
+            sync::takeover_misses_pods(ctx, key, service.as_deref(), existing, || {
+                upstream_ready_refs(&found)
+            })?;
         let decision = decide(&Observed {
             scope: ctx.scope,
             controller: CONTROLLER,
@@ -59,10 +62,9 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey, timer: &WriteTimer) -> Re
             read_live: live.is_some(),
             existing,
             covered: opted_out && existing.own && upstream_covers_ours(&found)?,
-            opted_out_for: ctx.slices.opt_outs.waited(key, Instant::now()),
-            opt_out_grace: ctx.opt_out_grace,
+            misses_pods,
         });
-        sync::follow_up(ctx, CONTROLLER, key, &decision).await;
+        sync::follow_up(ctx, CONTROLLER, key, service.as_deref(), &decision).await;
         match decision {
             Decision::ReadService(why) => {
                 live = Some(guard::read_service(ctx, CONTROLLER, key, why).await?);
@@ -72,7 +74,7 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey, timer: &WriteTimer) -> Re
                 sync::release_service_tombstone(ctx, key);
                 return Ok(());
             }
-            Decision::Idle(_) | Decision::Frozen(_) | Decision::Wait(_) => return Ok(()),
+            Decision::Idle(_) | Decision::Frozen(_) => return Ok(()),
             Decision::Remove { why, managers } => {
                 let ours: Vec<_> = found.into_iter().filter(|s| s.is_ours(managers)).collect();
                 return delete_all(ctx, key, &ours, why, timer).await;
@@ -89,6 +91,24 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey, timer: &WriteTimer) -> Re
             }
         }
     }
+}
+
+/// The targetRefs of the ready endpoints of upstream's slices among `found`.
+fn upstream_ready_refs(found: &[Arc<CachedSlice>]) -> Result<Vec<ObjectReference>> {
+    let mut refs = Vec::new();
+    for slice in found.iter().filter(|s| !s.is_ours(Managers::OWN)) {
+        let slice = slice.decode()?;
+        refs.extend(
+            slice
+                .endpoints
+                .into_iter()
+                .flatten()
+                .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) != Some(false))
+                .filter_map(|e| e.target_ref)
+                .filter(|r| r.kind.as_deref() == Some("Pod")),
+        );
+    }
+    Ok(refs)
 }
 
 /// Whether upstream's slices among `slices` publish every ready address ours
@@ -146,6 +166,11 @@ async fn reconcile_content(
         max_endpoints_per_slice: ctx.max_endpoints_per_slice,
         trigger_time: trigger,
         managers: managed.managers,
+        replaced: if managed.takes_over() {
+            Managers::UPSTREAM
+        } else {
+            Managers::NONE
+        },
     };
     let plan = slices::plan_slices(&wanted, &current, &zones, &options);
     if !plan.is_empty() {

@@ -14,12 +14,12 @@ use tracing::{debug, info, warn};
 
 use std::collections::HashSet;
 
-use super::decide::{Decision, Existing, Idle, Observed, Read, Removal, decide};
+use super::decide::{Decision, Existing, Idle, Observed, Removal, Status, decide, opt_in_status};
 use super::guard;
 use super::kinds::{CachedEndpoints, CachedService, managed_by, pod_target_refs};
 use super::latency::WriteTimer;
 use super::{Context, kinds, orphans};
-use crate::desired::scope::Managed;
+use crate::desired::scope::{ANNOTATION_SELECTOR, Handling, LABEL_OPT_IN, Managed, OptInState};
 use crate::desired::{self, EndpointsMarks, PodInfo};
 use crate::error::{Error, Result, api_code};
 use crate::reconcile::kinds::{Kind, ServiceKind};
@@ -63,17 +63,35 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey, timer: &WriteTimer) -> Re
         let cached_service = ctx.stores.services.get(key);
         orphans::observe(ctx, key, cached_service.is_some(), endpoints.as_deref());
         let service = live.clone().unwrap_or(cached_service);
+        let existing = existing(endpoints.as_deref());
+        let misses_pods =
+            takeover_misses_pods(
+                ctx,
+                key,
+                service.as_deref(),
+                existing,
+                || match &endpoints {
+                    Some(ep) => Ok(ready_target_refs(&ep.decode()?)),
+                    None => Ok(Vec::new()),
+                },
+            )?;
         let decision = decide(&Observed {
             scope: ctx.scope,
             controller: Controller::Endpoints,
             service: service.as_deref(),
             read_live: live.is_some(),
-            existing: existing(endpoints.as_deref()),
+            existing,
             covered: false,
-            opted_out_for: ctx.endpoints.opt_outs.waited(key, Instant::now()),
-            opt_out_grace: ctx.opt_out_grace,
+            misses_pods,
         });
-        follow_up(ctx, Controller::Endpoints, key, &decision).await;
+        follow_up(
+            ctx,
+            Controller::Endpoints,
+            key,
+            service.as_deref(),
+            &decision,
+        )
+        .await;
         match decision {
             Decision::ReadService(why) => {
                 live = Some(guard::read_service(ctx, Controller::Endpoints, key, why).await?);
@@ -83,7 +101,7 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey, timer: &WriteTimer) -> Re
                 release_service_tombstone(ctx, key);
                 return Ok(());
             }
-            Decision::Idle(_) | Decision::Frozen(_) | Decision::Wait(_) => return Ok(()),
+            Decision::Idle(_) | Decision::Frozen(_) => return Ok(()),
             Decision::Remove { why, managers } => {
                 return match endpoints {
                     Some(ep) if managers.endpoints(ep.managed_by()) => {
@@ -111,63 +129,116 @@ fn existing(endpoints: Option<&CachedEndpoints>) -> Existing {
     }
 }
 
-/// What a decision means besides its action, for both controllers: the
-/// frozen-Service report, the opt-out clock, the Warning Event of an
-/// opt-out that timed out.
+/// The targetRefs of the ready addresses of `ep`.
+fn ready_target_refs(ep: &Endpoints) -> Vec<ObjectReference> {
+    ep.subsets
+        .iter()
+        .flatten()
+        .flat_map(|s| s.addresses.iter().flatten())
+        .filter_map(|a| a.target_ref.clone())
+        .collect()
+}
+
+/// For both controllers: whether taking over upstream's objects of the
+/// Service would drop ready endpoints of live pods its opt-in's selector
+/// misses ([`guard::selector_misses_pods`]). `upstream_ready` gives the
+/// targetRefs of upstream's ready endpoints; it is asked only when a
+/// takeover is pending.
+pub(super) fn takeover_misses_pods(
+    ctx: &Context,
+    key: &ObjectKey,
+    service: Option<&CachedService>,
+    existing: Existing,
+    upstream_ready: impl FnOnce() -> Result<Vec<ObjectReference>>,
+) -> Result<bool> {
+    let Some(Handling::Managed(managed)) = service.map(|s| s.handling(ctx.scope)) else {
+        return Ok(false);
+    };
+    if !(managed.takes_over() && existing.upstream) {
+        return Ok(false);
+    }
+    Ok(guard::selector_misses_pods(
+        ctx,
+        key,
+        managed.selector,
+        &upstream_ready()?,
+    ))
+}
+
+/// What a decision means besides its action, for both controllers: where
+/// the opted-in Service stands (gauges, and a Warning Event when it enters
+/// a state that needs a person), and the opt-out clock.
 pub(super) async fn follow_up(
     ctx: &Context,
     controller: Controller,
     key: &ObjectKey,
+    service: Option<&CachedService>,
     decision: &Decision<'_>,
 ) {
-    let frozen = match decision {
-        Decision::Frozen(why) => Some(*why),
-        _ => None,
-    };
-    if ctx.frozen.record(key, frozen, &ctx.metrics.opt_in_frozen)
-        && let Some(why) = frozen
+    let status = opt_in_status(service, ctx.scope, decision);
+    if let Some(entered) = ctx
+        .opt_in_states
+        .record(key, controller, status, &ctx.opt_in_gauges())
     {
-        warn!(%key, reason = why.metric_label(), "opted in, but {}: what is published stays as it is", why.explain());
+        report_opt_in(ctx, key, entered).await;
+    }
+    let work = ctx.work(controller);
+    if status.map(Status::state) != Some(OptInState::OptingOut) {
+        work.opt_outs.forget(key);
+        return;
+    }
+    let now = Instant::now();
+    if work.opt_outs.start(key, now) {
+        // Back when the grace is over, to report a stalled opt-out.
+        work.queue.add_after(key.clone(), ctx.opt_out_grace);
+    } else if work.opt_outs.waited(key, now) >= ctx.opt_out_grace && work.opt_outs.report(key) {
+        warn!(%key, %controller, "opt-out stalled: kube-controller-manager does not publish the ready endpoints ours do");
         guard::warn_event(
             ctx,
             key,
-            "OptInInvalid",
+            "OptOutStalled",
             &format!(
-                "Opted in, but {}: endpoints-guard leaves what is published as it is until this is fixed",
-                why.explain()
+                "Opted out, but kube-controller-manager has not published the same ready endpoints within {:?}: endpoints-guard keeps its {} current and removes them once it does (is kube-controller-manager's {} controller running?)",
+                ctx.opt_out_grace,
+                controller.objects(),
+                controller.objects(),
             ),
         )
         .await;
     }
-    let clock = &ctx.work(controller).opt_outs;
-    match decision {
-        Decision::ReadService(Read::OptOut) => {}
-        Decision::Wait(left) => {
-            clock.start(key, Instant::now());
-            ctx.work(controller).queue.add_after(key.clone(), *left);
+}
+
+/// The Warning Event of an opted-in Service that entered `status`.
+async fn report_opt_in(ctx: &Context, key: &ObjectKey, status: Status) {
+    let (reason, note) = match status {
+        Status::Frozen(why) => (
+            "OptInInvalid",
+            format!(
+                "Opted in, but {}: endpoints-guard leaves what is published as it is until this is fixed",
+                why.explain()
+            ),
+        ),
+        Status::State(OptInState::SelectorRestored) => (
+            "SelectorRestored",
+            "spec.selector is back on this opted-in Service (a re-applied manifest?): kube-controller-manager publishes beside endpoints-guard, and protection is off until spec.selector is removed again where the manifest lives, or the Service opts out".to_string(),
+        ),
+        Status::State(OptInState::BesideUpstream) => (
+            "ProtectionOff",
+            "Opted in, but spec.selector is still there: kube-controller-manager publishes beside endpoints-guard, and protection is off until spec.selector is removed".to_string(),
+        ),
+        Status::State(OptInState::LabelRemoved) => (
+            "OptInLabelRemoved",
+            format!(
+                "Label {LABEL_OPT_IN} is gone, but the Service has no spec.selector: endpoints-guard keeps publishing from annotation {ANNOTATION_SELECTOR}. Put spec.selector back to opt out, or the label back; removing the annotation too removes these endpoints"
+            ),
+        ),
+        Status::State(OptInState::Protecting | OptInState::OptingOut | OptInState::Frozen) => {
+            info!(%key, state = status.state().metric_label(), "opt-in state");
+            return;
         }
-        Decision::Remove {
-            why: Removal::OptOutTimedOut,
-            ..
-        } => {
-            clock.forget(key);
-            guard::warn_event(
-                ctx,
-                key,
-                "OptOutTimedOut",
-                &format!(
-                    "Opted out, but kube-controller-manager did not publish the same ready endpoints within {:?}: endpoints-guard removes its {} anyway (does the Service have its selector back?)",
-                    ctx.opt_out_grace,
-                    match controller {
-                        Controller::Endpoints => "Endpoints",
-                        Controller::Endpointslices => "EndpointSlices",
-                    }
-                ),
-            )
-            .await;
-        }
-        _ => clock.forget(key),
-    }
+    };
+    warn!(%key, reason, "{note}");
+    guard::warn_event(ctx, key, reason, &note).await;
 }
 
 /// The Endpoints of a handled Service: the guard holds the addresses of
@@ -204,7 +275,7 @@ async fn reconcile_content(
     let computed = desired::compute_subsets(service, &pod_refs, ctx.rules);
     let marks = EndpointsMarks {
         managed_by: compare_as(ctx, endpoints.as_ref()),
-        skip_mirror: managed.opt_in,
+        skip_mirror: managed.opt_in.is_some(),
     };
     if !desired::needs_write(service, &computed, endpoints.as_ref(), marks, ctx.rules) {
         return Ok(());

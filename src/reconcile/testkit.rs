@@ -36,7 +36,7 @@ pub fn context_with(client: kube::Client) -> Context {
         managed_by: ManagedBy::default(),
         scope: Scope::All,
         opt_out_grace: std::time::Duration::from_secs(300),
-        frozen: Default::default(),
+        opt_in_states: Default::default(),
         leader: tokio::sync::watch::channel(true).1,
     }
 }

@@ -193,6 +193,13 @@ pub struct PlanOptions {
     /// Whose slices are ours to reuse, relabel and delete; the others are
     /// never touched, whatever their service-name label says.
     pub managers: Managers,
+    /// Whose slices among `managers`' are replaced rather than reused:
+    /// never rewritten, deleted after the plan's creates and updates (which
+    /// list their endpoints). Opt-in scope's takeover of upstream's slices:
+    /// kube-controller-manager's slice tracker keeps expecting a slice it
+    /// wrote until it sees that slice deleted with its own managed-by value;
+    /// a relabelled one would stall it for the Service until it restarts.
+    pub replaced: Managers,
 }
 
 impl Default for PlanOptions {
@@ -201,6 +208,7 @@ impl Default for PlanOptions {
             max_endpoints_per_slice: DEFAULT_MAX_ENDPOINTS_PER_SLICE,
             trigger_time: None,
             managers: Managers::OWN_AND_UPSTREAM,
+            replaced: Managers::NONE,
         }
     }
 }

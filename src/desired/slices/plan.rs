@@ -32,14 +32,15 @@ use crate::desired::trigger::set_trigger_time_annotation;
 ///
 /// `existing` may hold any slices of the namespace: only those labelled for
 /// this Service, managed by one of `options.managers` and not being deleted
-/// are considered; the rest are left alone. `zones` matters only for the `Auto` hint mode.
+/// are considered; the rest are left alone. Those of `options.replaced` are
+/// only deleted. `zones` matters only for the `Auto` hint mode.
 pub fn plan_slices(
     desired: &DesiredSlices,
     existing: &[EndpointSlice],
     zones: &ZoneCapacity,
     options: &PlanOptions,
 ) -> SlicePlan {
-    let mut considered: Vec<&EndpointSlice> = existing
+    let (replaced, mut considered): (Vec<&EndpointSlice>, Vec<&EndpointSlice>) = existing
         .iter()
         .filter(|s| {
             s.metadata.deletion_timestamp.is_none()
@@ -47,7 +48,7 @@ pub fn plan_slices(
                 && slice_service_name(s) == Some(desired.service_name.as_str())
                 && options.managers.slices(slice_manager(s))
         })
-        .collect();
+        .partition(|s| options.replaced.slices(slice_manager(s)));
     considered.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
 
     let mut plan = SlicePlan::default();
@@ -91,6 +92,8 @@ pub fn plan_slices(
             .iter()
             .any(|old| old.metadata.name == update.metadata.name && same_slice_content(old, update))
     });
+    // Applied after the creates and updates, which publish their endpoints.
+    plan.deletes.extend(replaced.into_iter().cloned());
     plan
 }
 

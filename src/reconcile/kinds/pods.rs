@@ -7,8 +7,8 @@ use hardened_watcher::{Cached, Change, Confirmation, ObjectKey, Store};
 use kube::{Api, Client};
 
 use super::packed::TargetRefUid;
-use super::{DecodeProtobuf, Kind, scoped};
-use crate::desired::scope::{Handling, Managed};
+use super::{DecodeProtobuf, Kind, ServiceKind, scoped};
+use crate::desired::scope::Handling;
 use crate::desired::{self, PodInfo};
 use crate::reconcile::{Context, Stores};
 use crate::settings::Controllers;
@@ -83,12 +83,19 @@ pub fn on_pod(ctx: &Context, change: &Change<PodInfo>, received: Option<Instant>
     };
     let services = ctx.stores.services.read();
     for svc in services.in_namespace(new.namespace()) {
-        let Handling::Managed(Managed { selector, .. }) = svc.handling(ctx.scope) else {
+        let handling = svc.handling(ctx.scope);
+        let Some(selector) = handling.selector() else {
             continue;
         };
         let selects_new = desired::selector_matches(selector, new.as_ref());
         let selects_old = old.is_some_and(|o| desired::selector_matches(selector, o.as_ref()));
-        if selects_new || selects_old {
+        // An opted-out Service concerns us only while objects of ours are
+        // left for it.
+        let ours = || {
+            !matches!(handling, Handling::OptedOut(_))
+                || <ServiceKind as Kind>::at_stake(ctx, &svc.key(), "")
+        };
+        if (selects_new || selects_old) && ours() {
             ctx.enqueue(svc.key(), received);
         }
     }
