@@ -8,10 +8,12 @@ use k8s_openapi::api::core::v1::{Event, Service};
 use kube::api::ListParams;
 use kube::{Api, Client};
 
-use super::service_view::ServiceView;
+use super::service_view::{ServiceView, Standing};
 use crate::desired::MANAGER;
+use crate::desired::scope::OptInState;
 use crate::desired::slices::LABEL_SLICE_MANAGED_BY;
 use crate::error::{Error, Result};
+use crate::reconcile::opt_in::SELECTOR_RESTORED;
 
 /// The component endpoints-guard's Events are reported by.
 const REPORTER: &str = "endpoints-guard";
@@ -94,10 +96,20 @@ pub async fn run(client: &Client, namespace: Option<&str>) -> Result<()> {
             .get(&(view.name.namespace.clone(), view.name.name.clone()))
             .cloned()
             .unwrap_or_else(|| "-".to_string());
+        // Beside upstream after a takeover is known to the controller alone;
+        // its Event tells it here.
+        let standing = match view.standing() {
+            Standing::State(OptInState::BesideUpstream)
+                if warning.starts_with(SELECTOR_RESTORED) =>
+            {
+                Standing::State(OptInState::SelectorRestored)
+            }
+            other => other,
+        };
         println!(
             "{}\t{}\t{}\t{}\t{}",
             view.name,
-            view.standing(),
+            standing,
             if publishers.is_empty() {
                 "-".to_string()
             } else {

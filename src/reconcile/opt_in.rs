@@ -20,6 +20,10 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// The reason of the Warning Event of a selector restored on an opted-in
+/// Service.
+pub const SELECTOR_RESTORED: &str = "SelectorRestored";
+
 /// Per Service key, since when this controller has kept objects of ours for
 /// an opted-out Service waiting for upstream's to cover them, and whether
 /// the wait was reported as stalled.

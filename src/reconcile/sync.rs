@@ -18,6 +18,7 @@ use super::decide::{Decision, Existing, Idle, Observed, Removal, Status, decide,
 use super::guard;
 use super::kinds::{CachedEndpoints, CachedService, managed_by, pod_target_refs};
 use super::latency::WriteTimer;
+use super::opt_in::SELECTOR_RESTORED;
 use super::{Context, kinds, orphans};
 use crate::desired::scope::{ANNOTATION_SELECTOR, Handling, LABEL_OPT_IN, Managed, OptInState};
 use crate::desired::{self, EndpointsMarks, PodInfo};
@@ -219,7 +220,7 @@ async fn report_opt_in(ctx: &Context, key: &ObjectKey, status: Status) {
             ),
         ),
         Status::State(OptInState::SelectorRestored) => (
-            "SelectorRestored",
+            SELECTOR_RESTORED,
             "spec.selector is back on this opted-in Service (a re-applied manifest?): kube-controller-manager publishes beside endpoints-guard, and protection is off until spec.selector is removed again where the manifest lives, or the Service opts out".to_string(),
         ),
         Status::State(OptInState::BesideUpstream) => (

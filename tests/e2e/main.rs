@@ -22,6 +22,7 @@ mod harness;
 mod image_smoke;
 mod layers;
 mod leader;
+mod opt_in;
 mod parity_rows;
 mod prometheus;
 mod real_node;

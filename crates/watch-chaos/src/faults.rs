@@ -46,10 +46,14 @@ pub enum FaultKind {
     /// was set, and a watch starting at or before the snapshot's RV is held
     /// `lag_ms` before it is forwarded (the cache catching up).
     StaleList,
+    /// `GET /version` (set on resource `version`) is answered with the
+    /// server's own version, its minor replaced by `minor`: a control plane
+    /// upgraded past what the client knows.
+    ServerVersion,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 11] = [
+    pub const ALL: [FaultKind; 12] = [
         FaultKind::OldDeleteRv,
         FaultKind::DropDeletes,
         FaultKind::Duplicate,
@@ -61,6 +65,7 @@ impl FaultKind {
         FaultKind::Delay,
         FaultKind::StaleList,
         FaultKind::Bare404,
+        FaultKind::ServerVersion,
     ];
 
     pub fn name(self) -> &'static str {
@@ -76,6 +81,7 @@ impl FaultKind {
             FaultKind::Delay => "delay",
             FaultKind::StaleList => "stale-list",
             FaultKind::Bare404 => "bare-404",
+            FaultKind::ServerVersion => "server-version",
         }
     }
 }
@@ -101,6 +107,9 @@ pub struct FaultSpec {
     /// `reorder`: the longest an event is held (default 500).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hold_ms: Option<u64>,
+    /// `server-version`: the minor `/version` reports (default 99).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub minor: Option<u64>,
     /// `stale-list`: the collection path to snapshot (default
     /// `/api/v1/<resource>`; give it for resources of an API group).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -117,6 +126,7 @@ impl FaultSpec {
             lag_ms: None,
             after: None,
             hold_ms: None,
+            minor: None,
             path: None,
         }
     }
@@ -143,6 +153,10 @@ impl FaultSpec {
 
     pub fn hold_ms(&self) -> u64 {
         self.hold_ms.unwrap_or(500)
+    }
+
+    pub fn minor(&self) -> u64 {
+        self.minor.unwrap_or(99)
     }
 
     pub fn collection_path(&self) -> String {
@@ -191,6 +205,7 @@ impl FaultSpec {
                 "lag_ms" => spec.lag_ms = Some(number),
                 "after" => spec.after = Some(number),
                 "hold_ms" => spec.hold_ms = Some(number),
+                "minor" => spec.minor = Some(number),
                 _ => return Err(format!("{text:?}: unknown option {key:?}")),
             }
         }

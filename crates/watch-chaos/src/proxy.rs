@@ -291,6 +291,21 @@ impl Proxy {
         }
         let (parts, body) = req.into_parts();
         let body = body.map_err(|e| Box::new(e) as BoxError).boxed_unsync();
+        if parts.uri.path() == "/version"
+            && let Some(spec) = self.shared.fault("version", FaultKind::ServerVersion)
+        {
+            self.shared.bump("version", "versions_rewritten");
+            return Ok(self
+                .newer_version(parts, body, spec.minor())
+                .await
+                .unwrap_or_else(|err| {
+                    status_response(
+                        StatusCode::BAD_GATEWAY,
+                        "InternalError",
+                        &format!("watch-chaos: upstream: {err}"),
+                    )
+                }));
+        }
         let result = match (kind, target) {
             (Kind::Watch, Some(t)) => self.watch(t, query, parts, body).await,
             (Kind::List, Some(t)) => self.list(t, query, parts, body).await,
@@ -304,6 +319,22 @@ impl Proxy {
                 &format!("watch-chaos: upstream: {err}"),
             )
         }))
+    }
+
+    /// The server's `/version` with its minor replaced by `minor`.
+    async fn newer_version(
+        &self,
+        parts: http::request::Parts,
+        body: Body,
+        minor: u64,
+    ) -> Result<Response<Body>, BoxError> {
+        let response = self.upstream.send(parts, body).await?;
+        let bytes = response.into_body().collect().await?.to_bytes();
+        let mut version: Value = serde_json::from_slice(&bytes)?;
+        let major = version["major"].as_str().unwrap_or("1").to_string();
+        version["minor"] = Value::String(minor.to_string());
+        version["gitVersion"] = Value::String(format!("v{major}.{minor}.0-watch-chaos"));
+        Ok(json_response(StatusCode::OK, &version))
     }
 
     async fn list(

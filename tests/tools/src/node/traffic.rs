@@ -378,6 +378,16 @@ pub fn judge(samples: &[Sample], moments: &[Moment], grace: Duration, gap: Durat
     verdict
 }
 
+/// Every moment from `from` on whose published set was wrong by
+/// [`judge`]'s rule, with why: the judge where no traffic flows (a control
+/// plane without a node), as if a request had been sent at each moment.
+pub fn wrong_moments(moments: &[Moment], grace: Duration, from: Instant) -> Vec<String> {
+    let first = moments.partition_point(|m| m.at < from);
+    (first..moments.len())
+        .filter_map(|index| wrong_state(moments, index, grace))
+        .collect()
+}
+
 fn wrong_at(moments: &[Moment], at: Instant, grace: Duration) -> Option<String> {
     let first = moments.partition_point(|m| m.at + grace < at);
     let last = moments.partition_point(|m| m.at <= at);
@@ -423,6 +433,34 @@ mod tests {
 
     fn set(ips: &[&str]) -> BTreeSet<String> {
         ips.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn moments_are_wrong_past_the_grace_only() {
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        // b dies at 1 s and stays published; at 3 s nothing is published.
+        let moments: Vec<Moment> = (0..50)
+            .map(|i| Moment {
+                at: ms(i * 100),
+                published: match i {
+                    30 => set(&[]),
+                    _ => set(&["a", "b"]),
+                },
+                live: if i < 10 {
+                    set(&["a", "b"])
+                } else {
+                    set(&["a"])
+                },
+            })
+            .collect();
+        let wrong = wrong_moments(&moments, Duration::from_secs(2), t0);
+        // b is stale from 3 s (1 s + the grace) on, but for the one empty
+        // moment, itself wrong: live pods throughout.
+        assert_eq!(wrong.len(), 20, "{wrong:?}");
+        assert!(wrong.iter().any(|w| w.contains("nothing published")));
+        assert!(wrong_moments(&moments[..30], Duration::from_secs(3), t0).is_empty());
+        assert!(wrong_moments(&moments, Duration::from_secs(2), ms(5000)).is_empty());
     }
 
     #[test]
