@@ -421,7 +421,7 @@ fn alerts_have_runbooks_labels_and_one_switch_each() -> Result<()> {
         .iter()
         .filter_map(|r| r["alert"].as_str().map(str::to_string))
         .collect();
-    assert_eq!(names.len(), 7, "{names:?}");
+    assert_eq!(names.len(), 13, "{names:?}");
     for rule in &rules {
         let name = rule["alert"].as_str().context("alert")?;
         let annotations = &rule["annotations"];
