@@ -1,11 +1,14 @@
 # syntax=docker/dockerfile:1
-# endpoints-guard: a release build in a Rust image, then only the binaries on a
+# endpoints-guard: a release build in a Rust image, then only the binary on a
 # distroless, non-root runtime (glibc + libgcc, no shell, no package manager).
 #
 #   docker build -t endpoints-guard:dev .
 #
-# The image also holds watch-chaos, the test-only fault proxy the chart runs as a
-# sidecar when chaos.enabled is set; the entrypoint is endpoints-guard.
+# The production image holds endpoints-guard alone. watch-chaos, the
+# fault-injecting API proxy the chart runs as a sidecar for tests only
+# (chaos.enabled), is an image of its own, never the one operators run:
+#
+#   docker build --target watch-chaos -t endpoints-guard-watch-chaos:dev .
 
 FROM rust:1-bookworm AS build
 WORKDIR /src
@@ -18,9 +21,15 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
  && mkdir -p /out \
  && cp target/release/endpoints-guard target/release/watch-chaos /out/
 
-FROM gcr.io/distroless/cc-debian12:nonroot
-COPY --from=build /out/endpoints-guard /usr/local/bin/endpoints-guard
+# FOR TESTS ONLY: the watch-chaos sidecar's image.
+FROM gcr.io/distroless/cc-debian12:nonroot AS watch-chaos
 COPY --from=build /out/watch-chaos /usr/local/bin/watch-chaos
+USER 65532:65532
+ENTRYPOINT ["/usr/local/bin/watch-chaos"]
+
+# The default target: what operators run.
+FROM gcr.io/distroless/cc-debian12:nonroot AS runtime
+COPY --from=build /out/endpoints-guard /usr/local/bin/endpoints-guard
 # distroless "nonroot": uid/gid 65532, matching the chart's securityContext.
 USER 65532:65532
 EXPOSE 8080

@@ -28,6 +28,8 @@ set -euo pipefail
 cluster=${KIND_CLUSTER_NAME:-endpoints-guard-e2e}
 workers=${KIND_WORKERS:-2}
 image=${IMAGE:-endpoints-guard:e2e}
+# The test-only sidecar's image: the Dockerfile's watch-chaos stage.
+chaos_image=${image%:*}-watch-chaos:${image##*:}
 faults=${EG_CHAOS_FAULTS:-services:old-delete-rv pods:duplicate}
 release=endpoints-guard
 namespace=endpoints-guard
@@ -66,6 +68,9 @@ helm_values() {
   echo "  pullPolicy: Never"
   echo "chaos:"
   echo "  enabled: true"
+  echo "  image:"
+  echo "    repository: ${chaos_image%:*}"
+  echo "    tag: \"${chaos_image##*:}\""
   echo "  args:"
   echo "    - --listen=127.0.0.1:8001"
   echo "    - --control=127.0.0.1:8002"
@@ -262,9 +267,10 @@ run() {
   export KUBECONFIG=$workdir/kubeconfig
   upstream_endpoints_controller_off || die "kube-controller-manager still runs the endpoints or endpointslice controller"
 
-  log "building $image"
+  log "building $image and $chaos_image"
   docker build -t "$image" "$root"
-  kind load docker-image "$image" --name "$cluster"
+  docker build --target watch-chaos -t "$chaos_image" "$root"
+  kind load docker-image "$image" "$chaos_image" --name "$cluster"
 
   log "installing the chart (watch-chaos sidecar on)"
   helm_install

@@ -50,23 +50,22 @@ shared_libraries() {
   awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' <<<"$deps"
 }
 
-# The Dockerfile's runtime stage (distroless cc: glibc, libgcc, CA certificates,
+# A stage of the Dockerfile (distroless cc: glibc, libgcc, CA certificates,
 # uid/gid 65532), assembled in ROOTFS from what is on this machine, since no
-# base image can be pulled: endpoints-guard and watch-chaos from BIN_DIR
-# (default target/release), the libraries and loader they link, Debian's CA
-# bundle (a TLS client that loads the system roots fails without one),
-# /etc/passwd and /etc/group.
+# base image can be pulled: PROGRAM (default endpoints-guard, the runtime
+# stage; watch-chaos for the test image) from BIN_DIR (default
+# target/release), the libraries and loader it links, Debian's CA bundle (a
+# TLS client that loads the system roots fails without one), /etc/passwd and
+# /etc/group. Usage: assemble_controller_rootfs ROOTFS [BIN_DIR [PROGRAM]]
 assemble_controller_rootfs() {
-  local rootfs=$1 bins=${2:-$root/target/release} bin lib bundle=/etc/ssl/certs/ca-certificates.crt
+  local rootfs=$1 bins=${2:-$root/target/release} program=${3:-endpoints-guard} lib bundle=/etc/ssl/certs/ca-certificates.crt
   mkdir -p "$rootfs/usr/local/bin" "$rootfs/etc/ssl/certs"
-  for bin in endpoints-guard watch-chaos; do
-    [ -x "$bins/$bin" ] ||
-      die "$bins/$bin is missing: run 'cargo build --release -p endpoints-guard -p watch-chaos --bins'"
-    cp "$bins/$bin" "$rootfs/usr/local/bin/$bin"
-    # A debug build carries hundreds of MB of debug info the image has no use for.
-    if command -v strip >/dev/null; then strip --strip-debug "$rootfs/usr/local/bin/$bin"; fi
-  done
-  for lib in $(for bin in endpoints-guard watch-chaos; do shared_libraries "$bins/$bin"; done | sort -u); do
+  [ -x "$bins/$program" ] ||
+    die "$bins/$program is missing: run 'cargo build --release -p endpoints-guard -p watch-chaos --bins'"
+  cp "$bins/$program" "$rootfs/usr/local/bin/$program"
+  # A debug build carries hundreds of MB of debug info the image has no use for.
+  if command -v strip >/dev/null; then strip --strip-debug "$rootfs/usr/local/bin/$program"; fi
+  for lib in $(shared_libraries "$bins/$program" | sort -u); do
     copy_into_rootfs "$rootfs" "$lib"
   done
   [ -s "$bundle" ] || die "$bundle is missing: install Debian's ca-certificates"

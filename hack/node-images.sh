@@ -5,8 +5,10 @@
 #   eg.local/testserver:e2e       the workload behind the test Service
 #                                 (tests/node/images/testserver)
 #   eg.local/endpoints-guard:e2e  the controller image: the Dockerfile's runtime
-#                                 stage assembled from the release binaries
+#                                 stage assembled from the release binary
 #                                 (assemble_controller_rootfs in hack/lib.sh)
+#   eg.local/watch-chaos:e2e      the test-only sidecar: the Dockerfile's
+#                                 watch-chaos stage, assembled the same way
 # Each is a docker-archive tarball in target/e2e-node/images/ (hack/image-archive.py).
 # Needs Go and the binaries in $EG_BIN_DIR (default target/release: cargo build
 # --release -p endpoints-guard -p watch-chaos --bins).
@@ -22,6 +24,7 @@ mkdir -p "$out" "$work/pause" "$work/testserver"
 (cd "$root/tests/node/images" && CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "$work/pause/pause" ./pause)
 (cd "$root/tests/node/images" && CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "$work/testserver/testserver" ./testserver)
 assemble_controller_rootfs "$work/endpoints-guard" "${EG_BIN_DIR:-$root/target/release}"
+assemble_controller_rootfs "$work/watch-chaos" "${EG_BIN_DIR:-$root/target/release}" watch-chaos
 
 archive() {
   python3 "$root/hack/image-archive.py" --rootfs "$work/$1" --tag "$2" --out "$out/$1.tar" \
@@ -30,5 +33,6 @@ archive() {
 archive pause eg.local/pause:e2e '["/pause"]'
 archive testserver eg.local/testserver:e2e '["/testserver"]'
 archive endpoints-guard eg.local/endpoints-guard:e2e '["/usr/local/bin/endpoints-guard"]'
+archive watch-chaos eg.local/watch-chaos:e2e '["/usr/local/bin/watch-chaos"]'
 rm -rf "$work"
 echo "$out"

@@ -323,6 +323,13 @@ pub struct VerifyArgs {
     /// write them).
     #[arg(long)]
     pub any_writer: bool,
+    /// Opt-in scope: check a Service of its own instead, an opted-in copy
+    /// of --service (its selector in the annotation, no spec.selector)
+    /// created here and deleted afterwards: passes once its Endpoints and
+    /// EndpointSlices are endpoints-guard's (managed-by endpoints-guard,
+    /// written by it) and list the ready pods.
+    #[arg(long, conflicts_with = "any_writer")]
+    pub opt_in_copy: bool,
     /// How long to wait.
     #[arg(long, default_value = "2m", value_parser = parse_duration)]
     pub timeout: Duration,

@@ -6,13 +6,17 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Endpoints;
+use k8s_openapi::api::core::v1::{Endpoints, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::ListParams;
+use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
+use serde_json::json;
 
 use crate::config::VerifyArgs;
+use crate::desired::scope::{ANNOTATION_SELECTOR, LABEL_OPT_IN, LABEL_SKIP_MIRROR};
+use crate::desired::slices::LABEL_SLICE_MANAGED_BY;
+use crate::desired::{LABEL_MANAGED_BY, MANAGER};
 use crate::error::{Error, Result};
 use crate::settings::Controller;
 use crate::startup::FIELD_MANAGER;
@@ -20,9 +24,58 @@ use crate::startup::FIELD_MANAGER;
 /// How often the objects are read again.
 const POLL: Duration = Duration::from_secs(2);
 
+/// The name of the opted-in copy `--opt-in-copy` checks.
+fn copy_name(service: &str) -> String {
+    let mut name: String = service.chars().take(63 - "-opt-in-check".len()).collect();
+    name.push_str("-opt-in-check");
+    name
+}
+
 /// Ok once every checked object is as wanted; else an error naming what is
-/// missing, after `args.timeout`.
+/// missing, after `args.timeout`. With `--opt-in-copy`, on a copy of the
+/// Service opted in, deleted again whatever the outcome.
 pub async fn run(client: &Client, args: &VerifyArgs) -> Result<()> {
+    if !args.opt_in_copy {
+        return wait_verified(client, args).await;
+    }
+    let services: Api<Service> = Api::namespaced(client.clone(), &args.namespace);
+    let original = services
+        .get(&args.service)
+        .await
+        .map_err(|e| Error::kube("reading the Service to copy", &args.service, e))?;
+    let selector = original
+        .spec
+        .as_ref()
+        .and_then(|s| s.selector.clone())
+        .unwrap_or_default();
+    let ports = original.spec.as_ref().and_then(|s| s.ports.clone());
+    let name = copy_name(&args.service);
+    let copy: Service = serde_json::from_value(json!({
+        "metadata": {"name": name,
+            "labels": {LABEL_OPT_IN: "true", LABEL_SKIP_MIRROR: "true"},
+            "annotations": {ANNOTATION_SELECTOR: serde_json::to_string(&selector).unwrap_or_default()}},
+        "spec": {"ports": ports},
+    }))
+    .map_err(|e| Error::Config(format!("the opted-in copy: {e}")))?;
+    // A copy left by an earlier run that was killed goes first.
+    let _ = services.delete(&name, &DeleteParams::default()).await;
+    services
+        .create(&PostParams::default(), &copy)
+        .await
+        .map_err(|e| Error::kube("creating the opted-in copy", &name, e))?;
+    let checked = VerifyArgs {
+        service: name.clone(),
+        ..args.clone()
+    };
+    let verified = wait_verified(client, &checked).await;
+    let deleted = services
+        .delete(&name, &DeleteParams::default())
+        .await
+        .map_err(|e| Error::kube("deleting the opted-in copy", &name, e));
+    verified.and(deleted.map(drop))
+}
+
+async fn wait_verified(client: &Client, args: &VerifyArgs) -> Result<()> {
     let deadline = tokio::time::Instant::now() + args.timeout;
     loop {
         let missing = check(client, args).await?;
@@ -47,7 +100,9 @@ pub async fn run(client: &Client, args: &VerifyArgs) -> Result<()> {
 /// What is not there yet (empty: all is).
 async fn check(client: &Client, args: &VerifyArgs) -> Result<Vec<String>> {
     let mut missing = Vec::new();
-    let writer = |meta: &ObjectMeta| args.any_writer || written_by_us(meta);
+    let writer = |meta: &ObjectMeta| {
+        args.any_writer || (written_by_us(meta) && (!args.opt_in_copy || managed_by_us(meta)))
+    };
     if args.controllers.contains(&Controller::Endpoints) {
         let api: Api<Endpoints> = Api::namespaced(client.clone(), &args.namespace);
         let endpoints = api
@@ -57,7 +112,9 @@ async fn check(client: &Client, args: &VerifyArgs) -> Result<Vec<String>> {
         match endpoints {
             None => missing.push("no Endpoints".to_string()),
             Some(ep) if !writer(&ep.metadata) => {
-                missing.push(format!("Endpoints not written by {FIELD_MANAGER}"));
+                missing.push(format!(
+                    "Endpoints not written (and labelled) by {FIELD_MANAGER}"
+                ));
             }
             Some(ep) => {
                 let ready = ep
@@ -100,6 +157,16 @@ async fn check(client: &Client, args: &VerifyArgs) -> Result<Vec<String>> {
     Ok(missing)
 }
 
+/// Whether the object's managed-by label (of Endpoints or slices) is
+/// endpoints-guard's own.
+fn managed_by_us(meta: &ObjectMeta) -> bool {
+    meta.labels.as_ref().is_some_and(|labels| {
+        [LABEL_MANAGED_BY, LABEL_SLICE_MANAGED_BY]
+            .iter()
+            .any(|key| labels.get(*key).map(String::as_str) == Some(MANAGER))
+    })
+}
+
 /// Whether endpoints-guard is among the field managers of the object.
 pub fn written_by_us(meta: &ObjectMeta) -> bool {
     meta.managed_fields
@@ -126,6 +193,12 @@ mod tests {
             ),
             ..ObjectMeta::default()
         }
+    }
+
+    #[test]
+    fn the_copy_name_is_a_dns_label() {
+        assert_eq!(copy_name("m"), "m-opt-in-check");
+        assert_eq!(copy_name(&"a".repeat(63)).len(), 63);
     }
 
     #[test]

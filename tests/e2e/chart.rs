@@ -42,7 +42,7 @@ fn helm_lint_passes_with_and_without_the_optional_parts() -> Result<()> {
         "--strict",
         CHART,
         "--set",
-        "serviceMonitor.enabled=true,prometheusRule.enabled=true,grafanaDashboard.enabled=true,chaos.enabled=true,createNamespace=true",
+        "serviceMonitor.enabled=true,prometheusRule.enabled=true,grafanaDashboard.enabled=true,chaos.enabled=true,chaos.image.repository=example.invalid/watch-chaos,createNamespace=true",
     ]))?;
     Ok(())
 }
@@ -364,6 +364,7 @@ fn a_direct_api_server_address_reaches_every_container() -> Result<()> {
         "apiServer.host=10.1.2.3",
         "apiServer.port=8443",
         "chaos.enabled=true",
+        "chaos.image.repository=example.invalid/watch-chaos",
     ])?)?;
     let all = containers(&direct);
     // The controller, the watch-chaos sidecar, the uninstall check, the test.
@@ -382,11 +383,54 @@ fn a_direct_api_server_address_reaches_every_container() -> Result<()> {
             container["name"].as_str().unwrap_or_default()
         );
     }
-    let default = documents(&template(&["chaos.enabled=true"])?)?;
+    let default = documents(&template(&[
+        "chaos.enabled=true",
+        "chaos.image.repository=example.invalid/watch-chaos",
+    ])?)?;
     for container in containers(&default) {
         assert!(env_of(&container).is_empty(), "{container:?}");
     }
     assert!(template(&["apiServer.host=a b"]).is_err());
+    Ok(())
+}
+
+/// The fault injector never ships in what operators run: the Dockerfile's
+/// default stage holds endpoints-guard alone, and the chart's sidecar takes
+/// an image of its own, which it refuses to guess.
+#[test]
+fn watch_chaos_stays_out_of_the_production_image() -> Result<()> {
+    let dockerfile = std::fs::read_to_string(root().join("Dockerfile"))?;
+    let last_stage = dockerfile
+        .rsplit_once("\nFROM ")
+        .map(|(_, stage)| stage)
+        .context("no stage")?;
+    assert!(
+        last_stage.contains("endpoints-guard") && !last_stage.contains("watch-chaos"),
+        "the default stage:\n{last_stage}"
+    );
+    assert!(
+        dockerfile.contains(" AS watch-chaos\n"),
+        "no watch-chaos stage"
+    );
+    let refused = template(&["chaos.enabled=true"]);
+    assert!(
+        refused
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("chaos.image.repository")),
+        "{refused:?}"
+    );
+    let docs = documents(&template(&[
+        "chaos.enabled=true",
+        "chaos.image.repository=registry.example/watch-chaos",
+        "chaos.image.tag=t1",
+    ])?)?;
+    let deployment = find(&docs, "Deployment")?;
+    assert_eq!(
+        container(deployment, "watch-chaos")?["image"].as_str(),
+        Some("registry.example/watch-chaos:t1")
+    );
+    let production = documents(&template(&[])?)?;
+    assert!(container(find(&production, "Deployment")?, "watch-chaos").is_err());
     Ok(())
 }
 
@@ -430,7 +474,11 @@ fn kind_e2e_installs_the_watch_chaos_sidecar() -> Result<()> {
     let docs = documents(&rendered)?;
     let deployment = find(&docs, "Deployment")?;
     let chaos = container(deployment, "watch-chaos")?;
-    assert_eq!(chaos["image"].as_str(), Some("endpoints-guard:e2e-test"));
+    assert_eq!(
+        chaos["image"].as_str(),
+        Some("endpoints-guard-watch-chaos:e2e-test"),
+        "the test-only image, not the controller's"
+    );
     assert_eq!(strings(&chaos["command"]), ["/usr/local/bin/watch-chaos"]);
     let chaos_args = strings(&chaos["args"]);
     for want in [

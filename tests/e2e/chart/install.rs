@@ -180,7 +180,7 @@ async fn helm_install_then_run_with_the_charts_service_account() -> Result<()> {
         "--namespace",
         NAMESPACE,
         "--set",
-        "mode=enforce",
+        "mode=enforce,scope=all",
         "--show-only",
         "templates/tests/verify-endpoints.yaml",
     ]))?)?;
@@ -409,6 +409,55 @@ async fn helm_install_then_run_with_the_charts_service_account() -> Result<()> {
     );
     guard.ensure_running()?;
     guard.stop().await?;
+
+    // Opt-in scope, the chart's default: `helm test` opts a copy of the
+    // metrics Service in and passes once endpoints-guard's own objects list
+    // its ready pods; the copy is gone afterwards.
+    let hooks = documents(&stdout(Command::new(helm()).args([
+        "template",
+        RELEASE,
+        CHART,
+        "--namespace",
+        NAMESPACE,
+        "--show-only",
+        "templates/tests/verify-endpoints.yaml",
+    ]))?)?;
+    let roles = Api::<Role>::namespaced(client.clone(), NAMESPACE);
+    let role: Role = serde_yaml::from_value(find(&hooks, "Role")?.clone())?;
+    let role_name = role.metadata.name.clone().context("test Role name")?;
+    roles.delete(&role_name, &Default::default()).await?;
+    roles.create(&PostParams::default(), &role).await?;
+    let opt_in_args = serde_yaml::from_value::<Pod>(find(&hooks, "Pod")?.clone())?
+        .spec
+        .and_then(|s| s.containers.into_iter().next())
+        .and_then(|c| c.args)
+        .context("the opt-in test Pod's args")?;
+    assert!(
+        opt_in_args.contains(&"--opt-in-copy".to_string()),
+        "{opt_in_args:?}"
+    );
+    let mut opt_in_guard = Process::spawn(
+        "endpoints-guard",
+        Path::new(env!("CARGO_BIN_EXE_endpoints-guard")),
+        &args
+            .iter()
+            .cloned()
+            .chain(["--scope".to_string(), "opt-in".to_string()])
+            .collect::<Vec<_>>(),
+        &cp.log_dir().join("endpoints-guard-chart-sa-opt-in.log"),
+    )?;
+    let (passed, stderr) = run_verify(&test_kubeconfig, &opt_in_args).await?;
+    assert!(
+        passed,
+        "helm test in opt-in scope failed: {stderr}\n{}",
+        opt_in_guard.log_tail(20)
+    );
+    let copies = Api::<Service>::namespaced(client.clone(), NAMESPACE)
+        .list(&ListParams::default().labels("endpoints-guard/opt-in=true"))
+        .await?;
+    assert!(copies.items.is_empty(), "the opted-in copy was left behind");
+    opt_in_guard.ensure_running()?;
+    opt_in_guard.stop().await?;
     Ok(())
 }
 

@@ -249,7 +249,24 @@ fn scheduling_and_disruption_defaults() -> Result<()> {
     assert_eq!(
         anti["podAffinityTerm"]["topologyKey"].as_str(),
         Some("kubernetes.io/hostname"),
-        "the replicas spread over nodes by default"
+        "the replicas prefer other nodes by default"
+    );
+    let spread = &pod["topologySpreadConstraints"][0];
+    assert_eq!(spread["whenUnsatisfiable"].as_str(), Some("DoNotSchedule"));
+    assert_eq!(
+        spread["topologyKey"].as_str(),
+        Some("kubernetes.io/hostname")
+    );
+    assert_eq!(
+        spread["maxSkew"].as_i64(),
+        Some(1),
+        "a one-node cluster runs both"
+    );
+    assert_eq!(spread["nodeTaintsPolicy"].as_str(), Some("Honor"));
+    let none = documents(&template(&["spreadOverNodes=false"])?)?;
+    assert!(
+        find(&none, "Deployment")?["spec"]["template"]["spec"]["topologySpreadConstraints"]
+            .is_null()
     );
     let pdb = &find(&docs, "PodDisruptionBudget")?["spec"];
     assert_eq!(pdb["maxUnavailable"].as_i64(), Some(1));
@@ -324,21 +341,25 @@ fn the_helm_test_hook_is_a_restricted_pod_of_the_same_image() -> Result<()> {
     assert_eq!(args.first().map(String::as_str), Some("verify-endpoints"));
     assert!(args.contains(&"--service=endpoints-guard-metrics".to_string()));
     assert!(
-        args.contains(&"--any-writer".to_string()),
-        "opt-in scope (the default): upstream writes them"
+        args.contains(&"--opt-in-copy".to_string()),
+        "opt-in scope (the default): an opted-in copy of the metrics Service, endpoints-guard's own"
     );
     let mut argv = vec!["endpoints-guard".to_string()];
     argv.extend(args);
     <Config as clap::Parser>::try_parse_from(&argv)?;
-    for (values, any_writer) in [
-        (&["scope=all", "mode=enforce"][..], false),
-        (&["scope=all", "mode=audit"][..], true),
+    for (values, any_writer, opt_in_copy) in [
+        (&["scope=all", "mode=enforce"][..], false, false),
+        (&["scope=all", "mode=audit"][..], true, false),
+        (&["scope=opt-in", "mode=audit"][..], true, false),
     ] {
         let docs = documents(&template(values)?)?;
         let args = strings(&find(&docs, "Pod")?["spec"]["containers"][0]["args"]);
         assert_eq!(
-            args.contains(&"--any-writer".to_string()),
-            any_writer,
+            (
+                args.contains(&"--any-writer".to_string()),
+                args.contains(&"--opt-in-copy".to_string())
+            ),
+            (any_writer, opt_in_copy),
             "{values:?}: {args:?}"
         );
     }
@@ -355,7 +376,10 @@ fn the_helm_test_hook_is_a_restricted_pod_of_the_same_image() -> Result<()> {
         .context("the test Role")?;
     assert_eq!(
         strings(&role["rules"][0]["resourceNames"]),
-        ["endpoints-guard-metrics"]
+        [
+            "endpoints-guard-metrics",
+            "endpoints-guard-metrics-opt-in-check"
+        ]
     );
     let off = documents(&template(&["tests.enabled=false"])?)?;
     assert!(find(&off, "Pod").is_err());
@@ -616,6 +640,7 @@ fn metrics_are_served_over_https_by_default() -> Result<()> {
     let docs = documents(&template(&[
         "metrics.tls.secretName=eg-tls",
         "chaos.enabled=true",
+        "chaos.image.repository=example.invalid/watch-chaos",
     ])?)?;
     let volumes = &find(&docs, "Deployment")?["spec"]["template"]["spec"]["volumes"];
     assert_eq!(volumes.as_sequence().map(Vec::len), Some(2), "{volumes:?}");
