@@ -12,7 +12,7 @@
 //!     EndpointsGuardSpuriousDeletionsPrevented;
 //! (b) a pod delete the watch never delivers (watch-chaos `drop-deletes`),
 //!     found by the periodic resync, fires EndpointsGuardResyncDrift;
-//! (c) killing the controller fires EndpointsGuardNotReady;
+//! (c) killing the controller fires EndpointsGuardDown;
 //! and (d) every query of the Grafana dashboard parses and returns data.
 
 use std::collections::BTreeSet;
@@ -193,8 +193,8 @@ async fn scrape_fails_with(prometheus: &Prometheus, job: &str, status: &str) -> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fires_the_charts_alerts() -> Result<()> {
     let started = Instant::now();
-    // notReadyFor is the one `for` the scenario waits out; 5s keeps it short.
-    let monitoring = render_chart_monitoring(&["prometheusRule.notReadyFor=5s"])?;
+    // downFor is the one `for` the scenario waits out; 5s keeps it short.
+    let monitoring = render_chart_monitoring(&["prometheusRule.downFor=5s"])?;
     let namespace = monitoring.namespace.as_str();
     let cp = ControlPlane::start(ControlPlaneOptions::default()).await?;
     let proxy = ChaosProxy::in_front_of(&cp).await?;
@@ -295,7 +295,7 @@ async fn fires_the_charts_alerts() -> Result<()> {
         "every reason scraped at 0: {series}"
     );
     // Quiet: nothing fires. Until its first scrape (discovery hands targets
-    // over after ~5 s) NotReady's absent(up) holds, so with a 5 s `for` it may
+    // over after ~5 s) Down's absent(up) holds, so with a 5 s `for` it may
     // fire at start; it must clear. A counter alert, once firing, would stay.
     common::eventually(Duration::from_secs(30), "no alert firing", || async {
         let mut firing_now = Vec::new();
@@ -375,20 +375,20 @@ async fn fires_the_charts_alerts() -> Result<()> {
         }
     }
 
-    // (c) The controller killed: no target answers; NotReady after its 5 s.
+    // (c) The controller killed: no target answers; Down after its 5 s.
     // By the metrics Service's name (the `service` label), not by `job`.
     let not_ready = [
         ("namespace", namespace),
         ("service", monitoring.job.as_str()),
     ];
     assert_eq!(
-        firing(&prometheus, "EndpointsGuardNotReady", &not_ready).await?,
+        firing(&prometheus, "EndpointsGuardDown", &not_ready).await?,
         0
     );
     guard.kill();
     let fault = Instant::now();
     let alert = prometheus
-        .wait_for_firing("EndpointsGuardNotReady", &not_ready, ALERT_TIMEOUT)
+        .wait_for_firing("EndpointsGuardDown", &not_ready, ALERT_TIMEOUT)
         .await?;
     eprintln!("(c) after {:.1}s: {alert}", fault.elapsed().as_secs_f64());
     eprintln!("whole test {:.1}s", started.elapsed().as_secs_f64());

@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::Timestamp;
 
 use super::testkit::{
-    OURS, apply, desire, desire_as, lengths, plan, plan_with, pod_names, pods, web_service,
+    OURS, apply, desire, desire_as, lengths, nodes, plan, plan_with, pod_names, pods, web_service,
 };
 use super::*;
 use crate::desired::scope::Managers;
@@ -301,6 +301,41 @@ fn recognised_slices_are_adopted_not_duplicated() {
             assert_eq!(old.endpoints, new.endpoints);
         }
     }
+}
+
+/// Opt-in scope's takeover: upstream's slices are not reused or relabelled
+/// (kube-controller-manager would stall on them later); ours are created,
+/// and upstream's deleted, listed after the creates that publish their
+/// endpoints.
+#[test]
+fn replaced_slices_are_deleted_after_the_creates() {
+    let desired = desire_as(&web_service(), &mixed_pods(250), OURS);
+    let (_, made) = converge(&desired, &[], 100);
+    let upstream = relabel(&made, UPSTREAM_SLICE_MANAGER);
+    let options = PlanOptions {
+        replaced: Managers::UPSTREAM,
+        ..PlanOptions::default()
+    };
+    let zones = ZoneCapacity::from_nodes(nodes().values());
+    let plan = plan_slices(&desired, &upstream, &zones, &options);
+    assert_eq!(
+        counts(&plan),
+        (3, 0, 3),
+        "three new, three gone, none reused"
+    );
+    assert!(
+        plan.deletes
+            .iter()
+            .all(|s| slice_manager(s) == Some(UPSTREAM_SLICE_MANAGER))
+    );
+    let after = apply(&upstream, &plan);
+    assert_eq!(lengths(&after), vec![50, 100, 100]);
+    assert!(after.iter().all(|s| slice_manager(s) == Some(OURS)));
+    // Once taken over, nothing more to do.
+    assert_eq!(
+        counts(&plan_slices(&desired, &after, &zones, &options)),
+        (0, 0, 0)
+    );
 }
 
 #[test]

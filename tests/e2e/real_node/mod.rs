@@ -664,12 +664,7 @@ impl Run<'_> {
     async fn install_chart_with(&mut self, sets: &[&str]) -> Result<()> {
         create_namespace(&self.client, SYSTEM_NS).await?;
         let values = workspace_root()?.join("hack/node-values.yaml");
-        // EG_E2E_NODE_CHART: another copy of the chart (a packaged one, say).
-        let chart = match std::env::var_os("EG_E2E_NODE_CHART") {
-            Some(dir) => PathBuf::from(dir),
-            None => workspace_root()?.join("charts/endpoints-guard"),
-        };
-        let chart = chart.display().to_string();
+        let chart = chart_dir()?;
         let values = values.display().to_string();
         let mut args = vec![
             "install",
@@ -756,6 +751,16 @@ async fn save_controller_logs(client: &Client, log_dir: &Path, label: &str) -> R
         }
     }
     Ok(())
+}
+
+/// The chart installed: EG_E2E_NODE_CHART (another copy of the chart, a
+/// packaged one, say), else the repository's.
+fn chart_dir() -> Result<String> {
+    let chart = match std::env::var_os("EG_E2E_NODE_CHART") {
+        Some(dir) => PathBuf::from(dir),
+        None => workspace_root()?.join("charts/endpoints-guard"),
+    };
+    Ok(chart.display().to_string())
 }
 
 fn helm(node: &RealNode, args: &[&str]) -> Result<()> {

@@ -32,11 +32,33 @@ const OPT_IN: &str = "opt in under traffic";
 const OPT_OUT: &str = "opt out under traffic";
 const FAILURE_A: &str = "failure A: old pod DELETEs replayed";
 const SERVICE_DELETE: &str = "Service DELETE replayed to kube-controller-manager";
+const SELECTOR_BACK: &str = "selector re-applied by a GitOps sync, then removed again";
+const LABEL_REMOVED: &str = "label removed alone, left past the opt-out grace";
+const REVERT: &str = "opt-in reverted in one apply, then re-applied in one apply";
+const TYPO: &str = "an annotation that misses the pods, in one apply";
+const NEWER_MINOR: &str = "API server reporting a newer minor";
+/// The rows in which no request may fail at all, on either Service.
+const GAPLESS: [&str; 7] = [
+    OPT_IN,
+    SELECTOR_BACK,
+    LABEL_REMOVED,
+    REVERT,
+    TYPO,
+    NEWER_MINOR,
+    OPT_OUT,
+];
+/// The opt-out grace the chart is installed with here: the label-only row
+/// outlasts it several times over.
+const OPT_OUT_GRACE_S: u64 = 10;
+/// How long kube-controller-manager gets to publish again.
+const UPSTREAM_BACK: Duration = Duration::from_secs(20);
 const OUR_MANAGER: &str = "endpoints-guard";
 const UPSTREAM_SLICES: &str = "endpointslice-controller.k8s.io";
 const MIRRORING: &str = "endpointslicemirroring-controller.k8s.io";
 /// The field manager kube-controller-manager's writes carry.
 const UPSTREAM_FIELD_MANAGER: &str = "kube-controller-manager";
+/// The field manager Argo CD's server-side apply uses.
+const GITOPS: &str = "argocd-controller";
 
 /// The two Services' watches and addresses.
 struct Pair {
@@ -54,7 +76,7 @@ struct Pair {
 pub(super) fn verdict(rows: &[Row], form: Form) -> Result<()> {
     for row in rows
         .iter()
-        .filter(|r| r.scope == SCOPE && (r.name == OPT_IN || r.name == OPT_OUT))
+        .filter(|r| r.scope == SCOPE && GAPLESS.contains(&r.name.as_str()))
     {
         ensure!(
             row.failed_wrong_endpoints + row.failed_other == 0,
@@ -87,7 +109,8 @@ pub(super) fn verdict(rows: &[Row], form: Form) -> Result<()> {
 
 /// The rows; returns the writers, kube-controller-manager's still running.
 pub(super) async fn rows(run: &mut Run<'_>, mut writer: Writer) -> Result<Writer> {
-    run.install_chart_with(&["scope=opt-in"]).await?;
+    let grace = format!("optOutGrace={OPT_OUT_GRACE_S}s");
+    run.install_chart_with(&["scope=opt-in", &grace]).await?;
     run.deploy_workload().await?;
     let services: Api<Service> = Api::namespaced(run.client.clone(), TEST_NS);
     services
@@ -99,7 +122,17 @@ pub(super) async fn rows(run: &mut Run<'_>, mut writer: Writer) -> Result<Writer
         web_ip: cluster_ip(&services, SERVICE).await?,
         plain_ip: cluster_ip(&services, PLAIN).await?,
     };
-    let mut names = vec![OPT_IN, FAILURE_A];
+    // The same kube-controller-manager from the opt-in to the end of the
+    // revert row: nothing restarted between an opt-in and an opt-out.
+    let mut names = vec![
+        OPT_IN,
+        SELECTOR_BACK,
+        LABEL_REMOVED,
+        REVERT,
+        TYPO,
+        NEWER_MINOR,
+        FAILURE_A,
+    ];
     if run.form == Form::Full {
         names.extend([
             "lost pod DELETE",
@@ -366,6 +399,136 @@ async fn scenario(
                     .to_string(),
             )
         }
+        SELECTOR_BACK => {
+            let back = json!({"spec": {"selector": {"app": "web"}}});
+            services
+                .patch(
+                    SERVICE,
+                    &PatchParams::apply(GITOPS).force(),
+                    &Patch::Apply(&applied(back)),
+                )
+                .await?;
+            wait_until(
+                "kube-controller-manager publishing web beside endpoints-guard",
+                UPSTREAM_BACK,
+                || publishes_every_pod(&pair.web, UPSTREAM_SLICES),
+            )
+            .await?;
+            reported(&run.client, "SelectorRestored").await?;
+            remove_selector(&services).await?;
+            wait_taken_over(pair).await?;
+            Ok("selector back by server-side apply: upstream published beside endpoints-guard; removed: taken over again".to_string())
+        }
+        LABEL_REMOVED => {
+            let off = json!({"metadata": {"labels": {LABEL_OPT_IN: null}}});
+            services
+                .patch(SERVICE, &PatchParams::default(), &Patch::Merge(&off))
+                .await?;
+            reported(&run.client, "OptInLabelRemoved").await?;
+            churn(&deployments, pair).await?;
+            tokio::time::sleep(Duration::from_secs(3 * OPT_OUT_GRACE_S)).await;
+            ensure!(
+                publishes_every_pod(&pair.web, OUR_MANAGER),
+                "endpoints-guard stopped publishing web after its label was removed"
+            );
+            let on = json!({"metadata": {"labels": {LABEL_OPT_IN: "true"}}});
+            services
+                .patch(SERVICE, &PatchParams::default(), &Patch::Merge(&on))
+                .await?;
+            Ok(format!(
+                "label off for {}s (3 × the grace) with 3 → 4 → 3 replicas; still published; label back",
+                3 * OPT_OUT_GRACE_S
+            ))
+        }
+        REVERT => {
+            let revert = json!({"metadata": {
+                "labels": {LABEL_OPT_IN: null, LABEL_SKIP_MIRROR: null},
+                "annotations": {ANNOTATION_SELECTOR: null}},
+                "spec": {"selector": {"app": "web"}}});
+            services
+                .patch(SERVICE, &PatchParams::default(), &Patch::Merge(&revert))
+                .await?;
+            wait_until(
+                "kube-controller-manager publishing web again, the same process",
+                UPSTREAM_BACK,
+                || publishes_every_pod(&pair.web, UPSTREAM_SLICES),
+            )
+            .await?;
+            wait_until(
+                "endpoints-guard's slices of web to go",
+                Duration::from_secs(60),
+                || managers_now(&pair.web) == BTreeSet::from([UPSTREAM_SLICES.to_string()]),
+            )
+            .await?;
+            let opt_in = json!({"metadata": {
+                "labels": {LABEL_OPT_IN: "true", LABEL_SKIP_MIRROR: "true"},
+                "annotations": {ANNOTATION_SELECTOR: r#"{"app":"web"}"#}},
+                "spec": {"selector": null}});
+            services
+                .patch(SERVICE, &PatchParams::default(), &Patch::Merge(&opt_in))
+                .await?;
+            wait_taken_over(pair).await?;
+            Ok("one patch back to the original, one patch opting in again".to_string())
+        }
+        TYPO => {
+            let typo = json!({"metadata": {
+                "labels": {LABEL_OPT_IN: "true", LABEL_SKIP_MIRROR: "true"},
+                "annotations": {ANNOTATION_SELECTOR: r#"{"app":"wbe"}"#}},
+                "spec": {"selector": null}});
+            services
+                .patch(PLAIN, &PatchParams::default(), &Patch::Merge(&typo))
+                .await?;
+            reported_on(&run.client, PLAIN, "OptInInvalid").await?;
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            ensure!(
+                publishes_every_pod(&pair.plain, UPSTREAM_SLICES),
+                "web-plain's upstream slices no longer serve: {:?}",
+                managers_now(&pair.plain)
+            );
+            let undo = json!({"metadata": {
+                "labels": {LABEL_OPT_IN: null, LABEL_SKIP_MIRROR: null},
+                "annotations": {ANNOTATION_SELECTOR: null}},
+                "spec": {"selector": {"app": "web"}}});
+            services
+                .patch(PLAIN, &PatchParams::default(), &Patch::Merge(&undo))
+                .await?;
+            Ok("web-plain opted in with {\"app\":\"wbe\"}: frozen, upstream's slices kept serving; undone".to_string())
+        }
+        NEWER_MINOR => {
+            // Every replica's watch-chaos answers /version with minor 40; the
+            // chart's pods roll, and start with the newest rules.
+            let newer = r#"chaos.args=["--listen=127.0.0.1:8001","--control=0.0.0.0:8002","--fault=version:server-version:minor=40"]"#;
+            let chart = chart_dir()?;
+            helm(
+                run.node,
+                &[
+                    "upgrade",
+                    RELEASE,
+                    &chart,
+                    "--namespace",
+                    SYSTEM_NS,
+                    "--reuse-values",
+                    "--set-json",
+                    newer,
+                    "--wait",
+                    "--timeout",
+                    "180s",
+                ],
+            )?;
+            wait_until_async(
+                "a replica warning of the newer server",
+                Duration::from_secs(60),
+                || async {
+                    controller_logs_contain(&run.client, "newer than the newest rules").await
+                },
+            )
+            .await?;
+            churn(&deployments, pair).await?;
+            Ok(
+                "chart pods rolled behind watch-chaos reporting 1.40; they run with 1.37's rules"
+                    .to_string(),
+            )
+        }
         "leader pod deleted" => {
             let leases: Api<Lease> = Api::namespaced(run.client.clone(), SYSTEM_NS);
             let leader = lease_holder(&leases).await?;
@@ -615,4 +778,82 @@ async fn nothing_left(client: &Client, web: &ServiceWatch) -> Result<()> {
         .collect();
     ensure!(left.is_empty(), "endpoints-guard's slices left: {left:?}");
     Ok(())
+}
+
+/// The manifest of `web` as a GitOps tool applies it: its own fields only.
+fn applied(spec: Value) -> Value {
+    let mut manifest = json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": SERVICE, "namespace": TEST_NS}});
+    if let (Some(target), Some(fields)) = (manifest.as_object_mut(), spec.as_object()) {
+        for (key, value) in fields {
+            target.insert(key.clone(), value.clone());
+        }
+    }
+    manifest
+}
+
+async fn remove_selector(services: &Api<Service>) -> Result<()> {
+    let remove = json!({"spec": {"selector": null}});
+    services
+        .patch(SERVICE, &PatchParams::default(), &Patch::Merge(&remove))
+        .await?;
+    Ok(())
+}
+
+/// endpoints-guard alone publishes every pod of web.
+async fn wait_taken_over(pair: &Pair) -> Result<()> {
+    wait_until(
+        "web taken over by endpoints-guard",
+        Duration::from_secs(60),
+        || {
+            publishes_every_pod(&pair.web, OUR_MANAGER)
+                && managers_now(&pair.web) == BTreeSet::from([OUR_MANAGER.to_string()])
+        },
+    )
+    .await
+}
+
+/// A Warning Event `reason` on Service web.
+async fn reported(client: &Client, reason: &str) -> Result<()> {
+    reported_on(client, SERVICE, reason).await
+}
+
+/// A Warning Event `reason` on Service `name`, from endpoints-guard.
+async fn reported_on(client: &Client, name: &str, reason: &str) -> Result<()> {
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), TEST_NS);
+    let fields = format!("involvedObject.name={name},reason={reason}");
+    wait_until_async(
+        &format!("Event {reason} on {name}"),
+        Duration::from_secs(30),
+        || async {
+            events
+                .list(&ListParams::default().fields(&fields))
+                .await
+                .is_ok_and(|l| !l.items.is_empty())
+        },
+    )
+    .await
+}
+
+/// Whether a log line of a running controller pod contains `text`.
+async fn controller_logs_contain(client: &Client, text: &str) -> bool {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), SYSTEM_NS);
+    let Ok(running) = controller_pods(client).await else {
+        return false;
+    };
+    for pod in running {
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let params = LogParams {
+            container: Some("endpoints-guard".to_string()),
+            ..LogParams::default()
+        };
+        if pods
+            .logs(&name, &params)
+            .await
+            .is_ok_and(|l| l.contains(text))
+        {
+            return true;
+        }
+    }
+    false
 }
