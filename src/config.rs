@@ -273,7 +273,7 @@ pub enum Command {
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServiceArgs {
     /// The Service, NAMESPACE/NAME.
-    pub service: crate::commands::service_view::ServiceName,
+    pub service: crate::settings::ServiceName,
     #[command(flatten)]
     pub steps: StepArgs,
 }
@@ -297,15 +297,6 @@ pub struct StepArgs {
     /// How long each wait may take.
     #[arg(long, default_value = "2m", value_parser = parse_duration)]
     pub timeout: Duration,
-}
-
-impl StepArgs {
-    pub fn options(self) -> crate::commands::opt_in::Options {
-        crate::commands::opt_in::Options {
-            dry_run: self.dry_run,
-            timeout: self.timeout,
-        }
-    }
 }
 
 #[derive(Debug, Clone, clap::Args)]

@@ -85,3 +85,52 @@ impl std::fmt::Display for Controller {
         f.write_str(self.metric_label())
     }
 }
+
+/// A Service named `namespace/name` on the command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceName {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl std::str::FromStr for ServiceName {
+    type Err = String;
+    fn from_str(text: &str) -> std::result::Result<Self, String> {
+        match text.split_once('/') {
+            Some((namespace, name))
+                if !namespace.is_empty() && !name.is_empty() && !name.contains('/') =>
+            {
+                Ok(ServiceName {
+                    namespace: namespace.to_string(),
+                    name: name.to_string(),
+                })
+            }
+            _ => Err(format!("{text:?}: a Service is NAMESPACE/NAME")),
+        }
+    }
+}
+
+impl std::fmt::Display for ServiceName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_service_is_namespace_slash_name() {
+        assert_eq!(
+            "shop/web".parse::<ServiceName>(),
+            Ok(ServiceName {
+                namespace: "shop".into(),
+                name: "web".into()
+            })
+        );
+        for bad in ["web", "/web", "shop/", "a/b/c", ""] {
+            assert!(bad.parse::<ServiceName>().is_err(), "{bad:?}");
+        }
+    }
+}

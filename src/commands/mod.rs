@@ -18,11 +18,9 @@ pub async fn run(client: &Client, command: &Command, namespace: Option<&str>) ->
     match command {
         Command::VerifyEndpoints(args) => verify_endpoints::run(client, args).await,
         Command::CheckUninstall => check_uninstall::run(client, namespace).await,
-        Command::OptIn(args) => opt_in::opt_in(client, &args.service, args.steps.options()).await,
-        Command::OptOut(args) => opt_in::opt_out(client, &args.service, args.steps.options()).await,
-        Command::HandBack(args) => {
-            opt_in::hand_back_all(client, namespace, args.steps.options()).await
-        }
+        Command::OptIn(args) => opt_in::opt_in(client, &args.service, args.steps).await,
+        Command::OptOut(args) => opt_in::opt_out(client, &args.service, args.steps).await,
+        Command::HandBack(args) => opt_in::hand_back_all(client, namespace, args.steps).await,
         Command::Status => status::run(client, namespace).await,
     }
 }

@@ -18,6 +18,7 @@ use kube::{Api, Client};
 use serde_json::{Value, json};
 
 use super::service_view::{ServiceName, ServiceView, Standing};
+use crate::config::StepArgs;
 use crate::desired::scope::{
     ANNOTATION_ENDPOINTS, ANNOTATION_SELECTOR, LABEL_OPT_IN, LABEL_SKIP_MIRROR, OptInState,
 };
@@ -32,18 +33,10 @@ pub const CLI_FIELD_MANAGER: &str = "endpoints-guard-cli";
 /// How often the waits read again.
 const POLL: Duration = Duration::from_secs(1);
 
-/// What the subcommands are told on the command line.
-#[derive(Debug, Clone, Copy)]
-pub struct Options {
-    pub dry_run: bool,
-    /// How long each wait may take.
-    pub timeout: Duration,
-}
-
 /// Opts `name` in: the selector into the annotation and the labels on;
 /// once endpoints-guard's slices list every ready address upstream's do,
 /// `spec.selector` goes; returns once endpoints-guard alone publishes.
-pub async fn opt_in(client: &Client, name: &ServiceName, options: Options) -> Result<()> {
+pub async fn opt_in(client: &Client, name: &ServiceName, options: StepArgs) -> Result<()> {
     let view = ServiceView::read(client, name).await?;
     let standing = view.standing();
     let Some(selector) = view.spec_selector().cloned() else {
@@ -141,7 +134,7 @@ pub async fn opt_in(client: &Client, name: &ServiceName, options: Options) -> Re
 }
 
 /// Opts `name` out ([`hand_back`] of one Service).
-pub async fn opt_out(client: &Client, name: &ServiceName, options: Options) -> Result<()> {
+pub async fn opt_out(client: &Client, name: &ServiceName, options: StepArgs) -> Result<()> {
     let view = ServiceView::read(client, name).await?;
     if view.standing() == Standing::NotOptedIn && !view.is_marked() {
         say(name, "not opted in; nothing to do");
@@ -155,7 +148,7 @@ pub async fn opt_out(client: &Client, name: &ServiceName, options: Options) -> R
 pub async fn hand_back_all(
     client: &Client,
     namespace: Option<&str>,
-    options: Options,
+    options: StepArgs,
 ) -> Result<()> {
     let views = super::status::marked_services(client, namespace).await?;
     let views: Vec<ServiceView> = views
@@ -183,7 +176,7 @@ struct Handing {
 /// its slices (if it does not, being down, they are deleted here: upstream's
 /// cover them). A Service whose selector cannot be restored (no usable
 /// annotation) is left as it is and named in the error.
-async fn hand_back(client: &Client, views: Vec<ServiceView>, options: Options) -> Result<()> {
+async fn hand_back(client: &Client, views: Vec<ServiceView>, options: StepArgs) -> Result<()> {
     let mut failed: Vec<String> = Vec::new();
     let mut handing: Vec<Handing> = Vec::new();
     for view in views {

@@ -14,36 +14,7 @@ use crate::desired::scope::{self, Handling, Invalid, OptIn, OptInState, Scope};
 use crate::desired::slices::{self, LABEL_SERVICE_NAME, UPSTREAM_SLICE_MANAGER};
 use crate::desired::{LABEL_MANAGED_BY, MANAGER};
 use crate::error::{Error, Result};
-
-/// A Service named `namespace/name` on the command line.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ServiceName {
-    pub namespace: String,
-    pub name: String,
-}
-
-impl std::str::FromStr for ServiceName {
-    type Err = String;
-    fn from_str(text: &str) -> std::result::Result<Self, String> {
-        match text.split_once('/') {
-            Some((namespace, name))
-                if !namespace.is_empty() && !name.is_empty() && !name.contains('/') =>
-            {
-                Ok(ServiceName {
-                    namespace: namespace.to_string(),
-                    name: name.to_string(),
-                })
-            }
-            _ => Err(format!("{text:?}: a Service is NAMESPACE/NAME")),
-        }
-    }
-}
-
-impl std::fmt::Display for ServiceName {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
-    }
-}
+pub use crate::settings::ServiceName;
 
 /// Where a Service's opt-in stands, as far as its objects tell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -209,24 +180,5 @@ impl ServiceView {
             .resource_version
             .clone()
             .unwrap_or_default()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_service_is_namespace_slash_name() {
-        assert_eq!(
-            "shop/web".parse::<ServiceName>(),
-            Ok(ServiceName {
-                namespace: "shop".into(),
-                name: "web".into()
-            })
-        );
-        for bad in ["web", "/web", "shop/", "a/b/c", ""] {
-            assert!(bad.parse::<ServiceName>().is_err(), "{bad:?}");
-        }
     }
 }
