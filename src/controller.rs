@@ -6,7 +6,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kube::Client;
 use kube::runtime::events::{Recorder, Reporter};
 use tokio::sync::watch as signal;
 use tokio::task::JoinSet;
@@ -22,6 +21,7 @@ use crate::reconcile::queue::{Retry, Taken};
 use crate::reconcile::{Context, Stores, Work, enqueue_all, ghost_scan, resync, slice_sync, sync};
 use crate::server::{self, auth, tls};
 use crate::settings::Controller;
+use crate::startup::Clients;
 use crate::shutdown::stopped;
 use hardened_watcher::{Change, WatchObserver, Watcher};
 
@@ -86,7 +86,7 @@ pub struct Running {
 /// has stopped after `shutdown` turned true.
 pub async fn start(
     cfg: Config,
-    client: Client,
+    clients: Clients,
     rules: Rules,
     shutdown: signal::Receiver<bool>,
 ) -> Result<(Running, impl Future<Output = ()>)> {
@@ -100,9 +100,10 @@ pub async fn start(
         controller: "endpoints-guard".into(),
         instance: std::env::var("POD_NAME").ok(),
     };
+    let client = clients.work;
     let leadership = crate::leader::Leadership::start(
         cfg.leader_settings().map_err(crate::error::Error::Config)?,
-        &client,
+        &clients.lease,
         metrics.clone(),
         shutdown.clone(),
     )?;

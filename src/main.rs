@@ -71,11 +71,11 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     }
     cfg.validate()
         .map_err(|why| anyhow::anyhow!("configuration: {why}"))?;
-    let client = startup::client(&cfg).await?;
-    startup::preflight(&client, &cfg).await?;
-    let rules = startup::kube_rules(&client, &cfg).await?;
+    let clients = startup::clients(&cfg).await?;
+    startup::preflight(&clients.work, &cfg).await?;
+    let rules = startup::kube_rules(&clients.work, &cfg).await?;
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    let (_running, done) = controller::start(cfg, client, rules, shutdown_rx)
+    let (_running, done) = controller::start(cfg, clients, rules, shutdown_rx)
         .await
         .context("starting the controller")?;
     let done = tokio::spawn(done);

@@ -18,6 +18,42 @@ use crate::ratelimit::RateLimitLayer;
 use crate::reconcile::kinds::{Kind, KindVisitor, for_each_kind};
 use crate::settings::Mode;
 
+/// The controller's clients: one for its work, limited by
+/// `--kube-api-qps`, and one for the leader Lease without that limit, so
+/// that a burst of lists or writes never delays a renewal (as
+/// kube-controller-manager's leader election has a client of its own).
+#[derive(Clone)]
+pub struct Clients {
+    pub work: Client,
+    pub lease: Client,
+}
+
+impl From<Client> for Clients {
+    /// One client for both (no client-side limit to keep the Lease from).
+    fn from(client: Client) -> Self {
+        Clients {
+            lease: client.clone(),
+            work: client,
+        }
+    }
+}
+
+/// [`client`], and the Lease's own client beside it.
+pub async fn clients(cfg: &Config) -> Result<Clients> {
+    let work = client(cfg).await?;
+    if RateLimitLayer::new(cfg.kube_api_qps, cfg.kube_api_burst).is_none() {
+        return Ok(work.into());
+    }
+    let unlimited = Config {
+        kube_api_qps: 0.0,
+        ..cfg.clone()
+    };
+    Ok(Clients {
+        work,
+        lease: client(&unlimited).await?,
+    })
+}
+
 /// Builds a client from `--kubeconfig`/`$KUBECONFIG`, else in-cluster, else
 /// `~/.kube/config`.
 pub async fn client(cfg: &Config) -> Result<Client> {

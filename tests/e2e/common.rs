@@ -45,7 +45,7 @@ impl Guard {
         // The rules of the control plane's release, as the binary picks them.
         let rules = startup::kube_rules(&client, &cfg).await?;
         let (tx, rx) = watch::channel(false);
-        let (running, done) = controller::start(cfg, client, rules, rx).await?;
+        let (running, done) = controller::start(cfg, client.into(), rules, rx).await?;
         Ok(Guard {
             running,
             shutdown: tx,

@@ -707,3 +707,59 @@ fn the_network_policy_is_opt_in_and_narrow() -> Result<()> {
     );
     Ok(())
 }
+
+/// API Priority and Fairness: the chart's ServiceAccount is served as
+/// kube-controller-manager is, its Lease traffic (PATCH included, as
+/// kube-lease-manager renews) in `leader-election` and the rest in
+/// `workload-high`, both before the built-in `service-accounts` schema;
+/// one value turns them off, and no Lease schema without leader election.
+#[test]
+fn flow_schemas_serve_the_controller_as_kube_controller_manager() -> Result<()> {
+    let docs = documents(&template(&[])?)?;
+    let schemas = find_all(&docs, "FlowSchema");
+    assert_eq!(schemas.len(), 2);
+    let by_level = |level: &str| {
+        schemas
+            .iter()
+            .find(|s| s["spec"]["priorityLevelConfiguration"]["name"].as_str() == Some(level))
+            .with_context(|| format!("no FlowSchema for {level}"))
+    };
+    let lease = by_level("leader-election")?;
+    let workload = by_level("workload-high")?;
+    for schema in [lease, workload] {
+        let precedence = schema["spec"]["matchingPrecedence"].as_i64().unwrap_or(0);
+        assert!((1..9000).contains(&precedence), "{precedence}");
+        let subject = &schema["spec"]["rules"][0]["subjects"][0];
+        assert_eq!(subject["kind"].as_str(), Some("ServiceAccount"));
+        assert_eq!(
+            subject["serviceAccount"]["name"].as_str(),
+            Some("endpoints-guard")
+        );
+        assert_eq!(
+            subject["serviceAccount"]["namespace"].as_str(),
+            Some("endpoints-guard")
+        );
+    }
+    assert!(
+        lease["spec"]["matchingPrecedence"].as_i64()
+            < workload["spec"]["matchingPrecedence"].as_i64(),
+        "the Lease schema first"
+    );
+    let rule = &lease["spec"]["rules"][0]["resourceRules"][0];
+    assert_eq!(strings(&rule["resources"]), ["leases"]);
+    assert!(strings(&rule["verbs"]).contains(&"patch".to_string()));
+    assert_eq!(strings(&rule["namespaces"]), ["endpoints-guard"]);
+    assert!(
+        find_all(
+            &documents(&template(&["flowSchemas.enabled=false"])?)?,
+            "FlowSchema"
+        )
+        .is_empty()
+    );
+    let single = documents(&template(&[
+        "replicaCount=1",
+        "leaderElection.enabled=false",
+    ])?)?;
+    assert_eq!(find_all(&single, "FlowSchema").len(), 1);
+    Ok(())
+}
