@@ -21,8 +21,8 @@ use crate::reconcile::queue::{Retry, Taken};
 use crate::reconcile::{Context, Stores, Work, enqueue_all, ghost_scan, resync, slice_sync, sync};
 use crate::server::{self, auth, tls};
 use crate::settings::Controller;
-use crate::startup::Clients;
 use crate::shutdown::stopped;
+use crate::startup::Clients;
 use hardened_watcher::{Change, WatchObserver, Watcher};
 
 /// What every watcher is started with.

@@ -151,7 +151,9 @@ pub(super) async fn rows(run: &mut Run<'_>, mut writer: Writer) -> Result<Writer
             uninstall_refused(run).await?;
         }
         run_row(run, name, &mut writer, &pair).await?;
-        if name == OPT_IN {
+        // Rows that end with a takeover move the moment from which nobody
+        // but endpoints-guard may write web's objects.
+        if [OPT_IN, SELECTOR_BACK, REVERT].contains(&name) {
             taken_over_at = Some(taken_over(&run.client).await?);
         }
     }
