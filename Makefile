@@ -71,7 +71,7 @@ unit-test: toolchain
 # hardened-watcher crate's own tests find a real API server through
 # HARDENED_WATCHER_TEST_KUBECONFIG (they skip without it): eg-with-controlplane
 # starts one and sets it.
-e2e-test: controlplane
+e2e-test: controlplane haproxy
 	$(CARGO) build -p watch-chaos --bins
 	$(CARGO) test --workspace --tests -- --test-threads=$(TEST_THREADS)
 	$(CARGO) run -p eg-harness --bin eg-with-controlplane -- $(CARGO) test -p hardened-watcher
@@ -80,7 +80,7 @@ e2e-test: controlplane
 # debug endpoints-guard binary; report in target/conformance/test/. The
 # Endpoints and EndpointSlice parity tests run again against the oldest
 # release's kube-controller-manager (docs/versions.md).
-test: fmt-check clippy doc lint-shell controlplane controlplane-oldest conformance-build
+test: fmt-check clippy doc lint-shell haproxy controlplane controlplane-oldest conformance-build
 	$(CARGO) build -p watch-chaos --bins
 	$(CARGO) build -p endpoints-guard --bin endpoints-guard
 	EG_BINARY=$(CURDIR)/target/debug/endpoints-guard $(CARGO) run -p eg-tools --bin eg-conformance -- --nodes fake --out $(CURDIR)/target/conformance/test
@@ -131,7 +131,7 @@ bench: controlplane
 # Every scenario on a fresh control plane, once per controller, both behind watch-chaos;
 # writes target/chaos/report.json and target/chaos/report.md (make test runs a fast
 # subset); then ten minutes of pod churn that must leave no tombstones behind.
-chaos: controlplane
+chaos: controlplane haproxy
 	EG_CHAOS=full $(CARGO) test --test e2e -- --nocapture chaos::
 	EG_CHURN_SECONDS=600 $(CARGO) test --test e2e -- --nocapture --exact store::tombstones_stay_bounded_under_pod_churn
 
@@ -198,6 +198,14 @@ e2e-kind: controlplane
 image-smoke: controlplane
 	$(CARGO) build --release $(RELEASE_BINS)
 	CARGO=$(CARGO) bash hack/image-smoke.sh
+
+# HAProxy, the load balancer in front of the API servers of the
+# production-shaped control plane (three etcd members, two kube-apiservers:
+# tests/harness); installed with apt-get when missing, as root.
+.PHONY: haproxy
+haproxy:
+	@command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ] || [ -n "$$EG_HAPROXY" ] || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq haproxy; } \
+	  || { echo "make: haproxy is missing: install it (Debian/Ubuntu: apt-get install haproxy) or set EG_HAPROXY"; exit 1; }
 
 # shellcheck on hack/ (installs it with apt-get when missing, as root).
 lint-shell:

@@ -479,3 +479,77 @@ async fn a_failing_apiserver_reports_its_log() {
     assert!(logs.join("etcd.log").is_file(), "{message}");
     std::fs::remove_dir_all(logs.parent().expect("control-plane folder")).expect("clean up");
 }
+
+/// The production-shaped control plane (`ControlPlaneOptions::highly_available`):
+/// three etcd members agreeing on a leader, two kube-apiservers behind
+/// HAProxy, each serving, API Priority and Fairness on (every answer names
+/// the FlowSchema it matched); endpoints-guard through the load balancer
+/// publishes a pod; with the etcd leader stopped (SIGSTOP) another member
+/// leads, writes go on and are published; resumed, it rejoins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_highly_available_control_plane() -> anyhow::Result<()> {
+    let cp = ControlPlane::start(ControlPlaneOptions::highly_available()).await?;
+    assert_eq!(cp.etcd_member_count(), 3);
+    let leader = cp.etcd_leader().await?;
+    assert_eq!(cp.extra_apiservers().len(), 1);
+    let direct = cp.extra_apiservers()[0].client.clone();
+    Api::<ConfigMap>::namespaced(direct, "default")
+        .list(&ListParams::default())
+        .await?;
+    let request =
+        http::Request::get("/api/v1/namespaces/default").body(kube::client::Body::empty())?;
+    let answer = cp.client().send(request).await?;
+    assert!(
+        answer
+            .headers()
+            .contains_key("x-kubernetes-pf-flowschema-uid"),
+        "API Priority and Fairness is off: {:?}",
+        answer.headers()
+    );
+    cp.create_namespace("web").await?;
+    cp.service_with_pod("web", "web", "10.1.0.1").await?;
+    let guard = crate::common::Guard::start(cp.client(), &[]).await?;
+    crate::common::wait_endpoint_ips(&cp, "web", "web", &["10.1.0.1"], Duration::from_secs(30))
+        .await?;
+
+    cp.pause_etcd_member(leader, true)?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let new_leader = loop {
+        match cp.etcd_leader().await {
+            Ok(now) if now != leader => break now,
+            _ if Instant::now() > deadline => anyhow::bail!("no new etcd leader after 30 s"),
+            _ => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    };
+    cp.running_pod("web", "web-1", "web", "10.1.0.2", true)
+        .await?;
+    crate::common::wait_endpoint_ips(
+        &cp,
+        "web",
+        "web",
+        &["10.1.0.1", "10.1.0.2"],
+        Duration::from_secs(60),
+    )
+    .await?;
+    cp.pause_etcd_member(leader, false)?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cp.etcd_leader().await? != new_leader || !every_member_answers(&cp).await {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the resumed member did not rejoin"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    guard.stop().await;
+    Ok(())
+}
+
+/// Whether every etcd member answers a status request.
+async fn every_member_answers(cp: &ControlPlane) -> bool {
+    for index in 0..cp.etcd_member_count() {
+        if cp.etcd_member_status(index).await.is_err() {
+            return false;
+        }
+    }
+    true
+}

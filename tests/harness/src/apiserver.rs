@@ -14,7 +14,7 @@ pub(crate) fn apiserver_args(
     options: &ControlPlaneOptions,
     pki: &Pki,
     port: u16,
-    etcd_port: u16,
+    etcd_servers: &str,
 ) -> Vec<String> {
     let path = |p: &Path| p.display().to_string();
     let bind = options.bind_address;
@@ -33,9 +33,7 @@ pub(crate) fn apiserver_args(
         format!("--service-account-issuer=https://{bind}:{port}"),
         "--authorization-mode=RBAC".to_string(),
         format!("--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}"),
-        format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
-        // API priority and fairness only slows startup down here.
-        "--enable-priority-and-fairness=false".to_string(),
+        format!("--etcd-servers={etcd_servers}"),
         "--profiling=false".to_string(),
         "--v=1".to_string(),
     ];
@@ -67,6 +65,18 @@ pub(crate) fn apiserver_args(
             // serving certificate names.
             "--kubelet-preferred-address-types=InternalIP".to_string(),
         ]);
+    }
+    match options.priority_and_fairness {
+        // API priority and fairness only slows startup down where nothing
+        // is measured under load.
+        None => args.push("--enable-priority-and-fairness=false".to_string()),
+        // On, with the production defaults but seat totals small enough for
+        // two cores to exhaust.
+        Some(limits) => args.extend([
+            "--enable-priority-and-fairness=true".to_string(),
+            format!("--max-requests-inflight={}", limits.readonly),
+            format!("--max-mutating-requests-inflight={}", limits.mutating),
+        ]),
     }
     if let Some(interval) = options.etcd_compaction_interval {
         args.push(format!(

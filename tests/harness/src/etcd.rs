@@ -30,28 +30,70 @@ impl EtcdPorts {
     }
 }
 
-/// Starts etcd with its data in `data_dir`, listening only on 127.0.0.1 at
-/// `ports`, and waits until it reports healthy.
-pub(crate) async fn start(
+/// One member of the etcd cluster: its name and ports.
+#[derive(Debug, Clone)]
+pub(crate) struct Member {
+    pub name: String,
+    pub ports: EtcdPorts,
+}
+
+impl Member {
+    /// `count` members on free ports: `eg` alone, or `eg-0`, `eg-1`, ...
+    pub fn free(count: usize) -> Result<Vec<Member>> {
+        (0..count.max(1))
+            .map(|i| {
+                Ok(Member {
+                    name: if count <= 1 {
+                        "eg".to_string()
+                    } else {
+                        format!("eg-{i}")
+                    },
+                    ports: EtcdPorts::free()?,
+                })
+            })
+            .collect()
+    }
+
+    pub fn client_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.ports.client)
+    }
+
+    pub fn client_addr(&self) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.ports.client))
+    }
+}
+
+/// `--initial-cluster` for `members`.
+pub(crate) fn initial_cluster(members: &[Member]) -> String {
+    members
+        .iter()
+        .map(|m| format!("{}={}", m.name, m.ports.peer_url()))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Starts etcd member `member` of `cluster` (its `--initial-cluster`) with
+/// its data in `data_dir`, listening only on 127.0.0.1; [`wait_healthy`]
+/// waits for it (a member of several reports healthy once a quorum elected
+/// a leader, so every member is spawned before any is waited for).
+pub(crate) fn spawn(
     etcd: &Path,
     data_dir: &Path,
     log_path: &Path,
     extra_args: &[String],
-    ports: EtcdPorts,
-    timeout: Duration,
+    member: &Member,
+    cluster: &str,
 ) -> Result<Process> {
-    let client_port = ports.client;
-    let peer_port = ports.peer;
-    let client_url = format!("http://127.0.0.1:{client_port}");
-    let peer_url = format!("http://127.0.0.1:{peer_port}");
+    let client_url = member.client_url();
+    let peer_url = member.ports.peer_url();
     let mut args = vec![
-        "--name=eg".to_string(),
+        format!("--name={}", member.name),
         format!("--data-dir={}", data_dir.display()),
         format!("--listen-client-urls={client_url}"),
         format!("--advertise-client-urls={client_url}"),
         format!("--listen-peer-urls={peer_url}"),
         format!("--initial-advertise-peer-urls={peer_url}"),
-        format!("--initial-cluster=eg={peer_url}"),
+        format!("--initial-cluster={cluster}"),
         "--initial-cluster-state=new".to_string(),
         // --listen-metrics-urls stays unset: metrics are served on the client
         // URL, with no listener of their own.
@@ -61,17 +103,48 @@ pub(crate) async fn start(
         "--log-level=warn".to_string(),
     ];
     args.extend(extra_args.iter().cloned());
-    let mut process = Process::spawn("etcd", etcd, &args, log_path)?;
-    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, client_port));
+    Process::spawn(&format!("etcd {}", member.name), etcd, &args, log_path)
+}
+
+/// Waits until the member at `addr` reports healthy.
+pub(crate) async fn wait_healthy(
+    process: &mut Process,
+    addr: SocketAddr,
+    timeout: Duration,
+) -> Result<()> {
     process
         .wait_until(timeout, Duration::from_millis(100), || async {
             match request(addr, "GET", "/health", None).await? {
                 (200, body) if body.get("health").and_then(Value::as_str) == Some("true") => Ok(()),
-                (code, body) => bail!("{client_url}/health: {code} {body}"),
+                (code, body) => bail!("http://{addr}/health: {code} {body}"),
             }
         })
-        .await?;
+        .await
+}
+
+/// Starts a one-member etcd ([`spawn`] and [`wait_healthy`]).
+pub(crate) async fn start(
+    etcd: &Path,
+    data_dir: &Path,
+    log_path: &Path,
+    extra_args: &[String],
+    member: &Member,
+    timeout: Duration,
+) -> Result<Process> {
+    let cluster = initial_cluster(std::slice::from_ref(member));
+    let mut process = spawn(etcd, data_dir, log_path, extra_args, member, &cluster)?;
+    wait_healthy(&mut process, member.client_addr(), timeout).await?;
     Ok(process)
+}
+
+/// The member id of the etcd at `addr` and the id of the leader it knows.
+pub async fn member_status(addr: SocketAddr) -> Result<(String, String)> {
+    let body = call(addr, "/v3/maintenance/status", &json!({})).await?;
+    let id = |v: &Value| match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    Ok((id(&body["header"]["member_id"]), id(&body["leader"])))
 }
 
 /// The current revision of the etcd at `addr` (from a range request's header).

@@ -84,12 +84,15 @@ impl ControlPlane {
         if self.etcd.is_some() {
             bail!("etcd is already running");
         }
+        if self.etcd_members.len() > 1 {
+            bail!("stopping and starting etcd is for a one-member cluster");
+        }
         let etcd = etcd::start(
             &self.binaries.etcd,
             &self.etcd_data_dir(),
             &self.log_dir.join("etcd.log"),
             &self.etcd_args,
-            self.etcd_ports,
+            &self.etcd_members[0],
             self.startup_timeout,
         )
         .await?;
@@ -139,7 +142,7 @@ impl ControlPlane {
         let data = self.etcd_data_dir();
         std::fs::remove_dir_all(&data).with_context(|| format!("removing {}", data.display()))?;
         let snapshot = backup.dir.join("member").join("snap").join("db");
-        let peer = self.etcd_ports.peer_url();
+        let peer = self.etcd_members[0].ports.peer_url();
         let args = [
             "snapshot".to_string(),
             "restore".to_string(),

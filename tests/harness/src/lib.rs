@@ -22,6 +22,7 @@
 
 mod admission;
 mod apiserver;
+mod balancer;
 pub mod binaries;
 pub mod certs;
 mod etcd;
@@ -81,6 +82,32 @@ pub struct ControlPlaneOptions {
     /// also turns on the lease endpoint reconciler and ServiceAccount
     /// admission.
     pub bind_address: IpAddr,
+    /// etcd members (1: one etcd, as before; 3 or 5: a cluster, every
+    /// kube-apiserver given all of them, as production runs).
+    pub etcd_members: usize,
+    /// kube-apiservers (2 or more: behind HAProxy, a TCP load balancer,
+    /// and [`ControlPlane::client`] and the kubeconfig go through it).
+    pub apiservers: usize,
+    /// API Priority and Fairness: `None` turns it off (the default: only
+    /// slower to start where nothing is measured under load).
+    pub priority_and_fairness: Option<InflightLimits>,
+}
+
+/// `--max-requests-inflight` and `--max-mutating-requests-inflight`: with
+/// API Priority and Fairness on, their sum is the seats the priority levels
+/// share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InflightLimits {
+    pub readonly: u32,
+    pub mutating: u32,
+}
+
+impl InflightLimits {
+    /// 20 and 10: few enough seats for a bounded flood on two cores to fill.
+    pub const SMALL: InflightLimits = InflightLimits {
+        readonly: 20,
+        mutating: 10,
+    };
 }
 
 impl Default for ControlPlaneOptions {
@@ -92,6 +119,9 @@ impl Default for ControlPlaneOptions {
             startup_timeout: Duration::from_secs(90),
             etcd_fault_proxy: false,
             bind_address: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            etcd_members: 1,
+            apiservers: 1,
+            priority_and_fairness: None,
         }
     }
 }
@@ -114,12 +144,26 @@ impl ControlPlaneOptions {
         self.etcd_fault_proxy = true;
         self
     }
+
+    /// A production-shaped control plane: three etcd members, two
+    /// kube-apiservers behind a load balancer, API Priority and Fairness on
+    /// with [`InflightLimits::SMALL`].
+    pub fn highly_available() -> Self {
+        Self {
+            etcd_members: 3,
+            apiservers: 2,
+            priority_and_fairness: Some(InflightLimits::SMALL),
+            ..Self::default()
+        }
+    }
 }
 
 /// A second kube-apiserver on the control plane's etcd
 /// ([`ControlPlane::start_second_apiserver`]); stopped when dropped.
 pub struct SecondApiserver {
     _process: Process,
+    /// Its secure port.
+    pub port: u16,
     /// A client of the admin, through this API server.
     pub client: kube::Client,
     /// The admin's kubeconfig for this API server.
@@ -134,6 +178,14 @@ pub struct ControlPlane {
     etcd_proxy: Option<etcd_admin::FaultProxy>,
     etcd_args: Vec<String>,
     etcd_ports: etcd::EtcdPorts,
+    /// Every etcd member; the first is `etcd` (and `etcd_ports`), the others
+    /// run in `etcd_others`.
+    etcd_members: Vec<etcd::Member>,
+    etcd_others: Vec<Option<Process>>,
+    /// The kube-apiservers besides the first, and the load balancer in
+    /// front of all of them.
+    extra_apiservers: Vec<SecondApiserver>,
+    balancer: Option<balancer::Balancer>,
     apiserver_args: Vec<String>,
     binaries: Binaries,
     startup_timeout: Duration,
@@ -147,6 +199,42 @@ pub struct ControlPlane {
     controller_managers: AtomicUsize,
     keep_logs: bool,
     dir: Option<TempDir>,
+}
+
+/// Spawns every etcd member, then waits for each: the first, and the others.
+async fn start_etcd(
+    binaries: &Binaries,
+    root: &Path,
+    log_dir: &Path,
+    options: &ControlPlaneOptions,
+    members: &[etcd::Member],
+) -> Result<(Process, Vec<Option<Process>>)> {
+    let cluster = etcd::initial_cluster(members);
+    let mut spawned = Vec::new();
+    for (index, member) in members.iter().enumerate() {
+        let data = match index {
+            0 => root.join(etcd_admin::DATA_DIR),
+            i => root.join(format!("{}-{i}", etcd_admin::DATA_DIR)),
+        };
+        let log = match index {
+            0 => log_dir.join("etcd.log"),
+            i => log_dir.join(format!("etcd-{i}.log")),
+        };
+        spawned.push(etcd::spawn(
+            &binaries.etcd,
+            &data,
+            &log,
+            &options.etcd_args,
+            member,
+            &cluster,
+        )?);
+    }
+    for (process, member) in spawned.iter_mut().zip(members) {
+        etcd::wait_healthy(process, member.client_addr(), options.startup_timeout).await?;
+    }
+    let mut spawned = spawned.into_iter();
+    let first = spawned.next().context("no etcd member")?;
+    Ok((first, spawned.map(Some).collect()))
 }
 
 impl ControlPlane {
@@ -164,25 +252,18 @@ impl ControlPlane {
             .with_context(|| format!("creating {}", log_dir.display()))?;
         let pki = Pki::generate_for(&root.join("pki"), options.bind_address)?;
 
-        let etcd_ports = etcd::EtcdPorts::free()?;
-        let etcd = match etcd::start(
-            &binaries.etcd,
-            &root.join(etcd_admin::DATA_DIR),
-            &log_dir.join("etcd.log"),
-            &options.etcd_args,
-            etcd_ports,
-            options.startup_timeout,
-        )
-        .await
-        {
-            Ok(started) => started,
-            Err(err) => {
-                let kept = dir.keep();
-                return Err(
-                    err.context(format!("starting etcd (files kept in {})", kept.display()))
-                );
-            }
-        };
+        let etcd_members = etcd::Member::free(options.etcd_members)?;
+        let etcd_ports = etcd_members[0].ports;
+        let (etcd, etcd_others) =
+            match start_etcd(&binaries, &root, &log_dir, &options, &etcd_members).await {
+                Ok(started) => started,
+                Err(err) => {
+                    let kept = dir.keep();
+                    return Err(
+                        err.context(format!("starting etcd (files kept in {})", kept.display()))
+                    );
+                }
+            };
         let etcd_proxy = if options.etcd_fault_proxy {
             Some(
                 etcd_admin::FaultProxy::start(&log_dir, etcd_ports.client, options.startup_timeout)
@@ -191,9 +272,15 @@ impl ControlPlane {
         } else {
             None
         };
-        let etcd_servers_port = etcd_proxy
-            .as_ref()
-            .map_or(etcd_ports.client, |proxy| proxy.listen_port);
+        // Through etcd-fault-proxy (one member), or every member.
+        let etcd_servers = match &etcd_proxy {
+            Some(proxy) => format!("http://127.0.0.1:{}", proxy.listen_port),
+            None => etcd_members
+                .iter()
+                .map(etcd::Member::client_url)
+                .collect::<Vec<_>>()
+                .join(","),
+        };
 
         let secure_port = free_port()?;
         let server = format!(
@@ -219,7 +306,11 @@ impl ControlPlane {
             etcd_proxy,
             etcd_args: options.etcd_args.clone(),
             etcd_ports,
-            apiserver_args: apiserver_args(&options, &pki, secure_port, etcd_servers_port),
+            etcd_members,
+            etcd_others,
+            extra_apiservers: Vec::new(),
+            balancer: None,
+            apiserver_args: apiserver_args(&options, &pki, secure_port, &etcd_servers),
             binaries,
             startup_timeout: options.startup_timeout,
             pki,
@@ -234,7 +325,47 @@ impl ControlPlane {
             dir: Some(dir),
         };
         cp.start_apiserver().await?;
+        if options.apiservers > 1 {
+            cp.behind_a_balancer(options.apiservers).await?;
+        }
         Ok(cp)
+    }
+
+    /// Starts `count - 1` more kube-apiservers, HAProxy in front of all of
+    /// them, and points the admin client and kubeconfig at it.
+    async fn behind_a_balancer(&mut self, count: usize) -> Result<()> {
+        for _ in 1..count {
+            let extra = self.start_second_apiserver().await?;
+            self.extra_apiservers.push(extra);
+        }
+        let mut ports = vec![self.secure_port];
+        ports.extend(self.extra_apiservers.iter().map(|a| a.port));
+        let balancer = balancer::Balancer::start(
+            &self.log_dir,
+            self.bind_address,
+            &ports,
+            self.startup_timeout,
+        )
+        .await?;
+        let server = format!(
+            "https://{}",
+            SocketAddr::new(self.bind_address, balancer.port)
+        );
+        let kubeconfig_text = kubeconfig::render(
+            "eg-admin",
+            &server,
+            &self.pki.ca_cert,
+            Credentials::ClientCert {
+                cert: &self.pki.admin_cert,
+                key: &self.pki.admin_key,
+            },
+        )?;
+        let path = self.root.join("kubeconfig-admin-balanced.yaml");
+        kubeconfig::write(&path, &kubeconfig_text)?;
+        self.client = kubeconfig::client(&kubeconfig_text).await?;
+        self.kubeconfig = path;
+        self.balancer = Some(balancer);
+        Ok(())
     }
 
     /// A client authenticated as the admin (CN=eg-admin, O=system:masters).
@@ -249,12 +380,75 @@ impl ControlPlane {
     }
 
     /// `https://<bind address>:<port>` (127.0.0.1 unless
-    /// [`ControlPlaneOptions::bind_address`] says otherwise).
+    /// [`ControlPlaneOptions::bind_address`] says otherwise): the load
+    /// balancer's where there is one, else the kube-apiserver's.
     pub fn server_url(&self) -> String {
-        format!(
-            "https://{}",
-            SocketAddr::new(self.bind_address, self.secure_port)
+        let port = self.balancer.as_ref().map_or(self.secure_port, |b| b.port);
+        format!("https://{}", SocketAddr::new(self.bind_address, port))
+    }
+
+    /// The kube-apiservers behind the load balancer besides the first.
+    pub fn extra_apiservers(&self) -> &[SecondApiserver] {
+        &self.extra_apiservers
+    }
+
+    /// How many etcd members run (or are paused).
+    pub fn etcd_member_count(&self) -> usize {
+        self.etcd_members.len()
+    }
+
+    /// The index of the etcd member that leads, as the first member that
+    /// answers says (a paused member does not).
+    pub async fn etcd_leader(&self) -> Result<usize> {
+        let mut ids = Vec::new();
+        let mut leader = None;
+        for index in 0..self.etcd_members.len() {
+            match self.etcd_member_status(index).await {
+                Ok((id, lead)) => {
+                    leader.get_or_insert(lead);
+                    ids.push(Some(id));
+                }
+                Err(_) => ids.push(None),
+            }
+        }
+        let leader = leader.context("no etcd member answered")?;
+        ids.iter()
+            .position(|id| id.as_deref() == Some(leader.as_str()))
+            .with_context(|| format!("leader {leader} is none of the members {ids:?}"))
+    }
+
+    /// Member `index`'s id and the leader id it knows, within 2 s.
+    pub async fn etcd_member_status(&self, index: usize) -> Result<(String, String)> {
+        let member = self
+            .etcd_members
+            .get(index)
+            .with_context(|| format!("no etcd member {index}"))?;
+        tokio::time::timeout(
+            Duration::from_secs(2),
+            etcd::member_status(member.client_addr()),
         )
+        .await
+        .with_context(|| format!("etcd member {index} did not answer within 2 s"))?
+    }
+
+    /// Stops (SIGSTOP) or resumes (SIGCONT) etcd member `index`: a member
+    /// that stalls without closing a connection, as a hung disk or a
+    /// scheduler freeze makes one.
+    pub fn pause_etcd_member(&self, index: usize, paused: bool) -> Result<()> {
+        let process = match index {
+            0 => self.etcd.as_ref(),
+            i => self.etcd_others.get(i - 1).and_then(Option::as_ref),
+        };
+        let pid = process
+            .and_then(Process::pid)
+            .with_context(|| format!("etcd member {index} is not running"))?;
+        let signal = if paused { "-STOP" } else { "-CONT" };
+        let status = std::process::Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .context("running kill")?;
+        anyhow::ensure!(status.success(), "kill {signal} {pid}: {status}");
+        Ok(())
     }
 
     /// kube-apiserver's secure port.
@@ -423,7 +617,14 @@ impl ControlPlane {
     /// with its own watch cache. It stops when the result is dropped.
     pub async fn start_second_apiserver(&self) -> Result<SecondApiserver> {
         let port = free_port()?;
-        let etcd = format!("--etcd-servers=http://{}", self.etcd_addr());
+        let etcd = format!(
+            "--etcd-servers={}",
+            self.etcd_members
+                .iter()
+                .map(etcd::Member::client_url)
+                .collect::<Vec<_>>()
+                .join(",")
+        );
         let mut args: Vec<String> = self
             .apiserver_args
             .iter()
@@ -450,10 +651,16 @@ impl ControlPlane {
                 key: &self.pki.admin_key,
             },
         )?;
-        let kubeconfig = self.root.join("kubeconfig-admin-second.yaml");
+        let kubeconfig = self.root.join(format!(
+            "kubeconfig-admin-{}.yaml",
+            self.extra_apiservers.len() + 2
+        ));
         kubeconfig::write(&kubeconfig, &kubeconfig_text)?;
         let client = kubeconfig::client(&kubeconfig_text).await?;
-        let log = self.log_dir.join("kube-apiserver-second.log");
+        let log = self.log_dir.join(format!(
+            "kube-apiserver-{}.log",
+            self.extra_apiservers.len() + 2
+        ));
         let mut process = Process::spawn(
             "kube-apiserver-second",
             &self.binaries.kube_apiserver,
@@ -465,6 +672,7 @@ impl ControlPlane {
             .with_context(|| format!("the second kube-apiserver (log {})", log.display()))?;
         Ok(SecondApiserver {
             _process: process,
+            port,
             client,
             kubeconfig,
         })
@@ -507,8 +715,11 @@ impl Drop for ControlPlane {
     fn drop(&mut self) {
         // kube-apiserver first, so it does not log etcd errors on the way out.
         drop(self.apiserver.take());
+        drop(self.balancer.take());
+        self.extra_apiservers.clear();
         drop(self.etcd_proxy.take());
         drop(self.etcd.take());
+        self.etcd_others.clear();
         let Some(dir) = self.dir.take() else { return };
         let keep_asked = std::env::var(KEEP_DIR_ENV).is_ok_and(|v| !v.is_empty() && v != "0");
         if keep_asked || self.keep_logs || std::thread::panicking() {
