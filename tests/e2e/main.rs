@@ -24,6 +24,7 @@ mod layers;
 mod leader;
 mod opt_in;
 mod parity_rows;
+mod pressure;
 mod prometheus;
 mod real_node;
 mod slice_parity;

@@ -23,6 +23,8 @@ pub const ADMIN_USER: &str = "eg-admin";
 
 /// Common name of kube-apiserver's client certificate toward kubelets.
 pub const KUBELET_CLIENT_USER: &str = "kube-apiserver-kubelet-client";
+/// kube-controller-manager's user, as kubeadm makes it.
+pub const KUBE_CONTROLLER_MANAGER_USER: &str = "system:kube-controller-manager";
 
 /// The files of the control plane's PKI, all in one folder.
 #[derive(Debug, Clone)]
@@ -56,6 +58,13 @@ pub struct Pki {
     pub kubelet_serving_cert: PathBuf,
     /// See `kubelet_serving_cert`.
     pub kubelet_serving_key: PathBuf,
+    /// `kube-controller-manager.crt` / `.key`: CN
+    /// system:kube-controller-manager, as kubeadm gives it: the identity
+    /// API Priority and Fairness serves from `workload-high`, and RBAC's
+    /// bootstrap roles allow to act for its controllers' ServiceAccounts.
+    pub kube_controller_manager_cert: PathBuf,
+    /// See `kube_controller_manager_cert`.
+    pub kube_controller_manager_key: PathBuf,
 }
 
 impl Pki {
@@ -115,32 +124,24 @@ impl Pki {
             .signed_by(&serving_key, &ca)
             .context("signing the serving certificate")?;
 
-        let admin_key = KeyPair::generate().context("generating the admin key")?;
-        let mut admin = CertificateParams::default();
-        admin.distinguished_name = name(ADMIN_USER, Some("system:masters"));
-        admin.key_usages = vec![
-            KeyUsagePurpose::DigitalSignature,
-            KeyUsagePurpose::KeyEncipherment,
-        ];
-        admin.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-        admin.use_authority_key_identifier_extension = true;
-        let admin_cert = admin
-            .signed_by(&admin_key, &ca)
-            .context("signing the admin client certificate")?;
-
-        let kubelet_client_key =
-            KeyPair::generate().context("generating the kubelet client key")?;
-        let mut kubelet_client = CertificateParams::default();
-        kubelet_client.distinguished_name = name(KUBELET_CLIENT_USER, Some("system:masters"));
-        kubelet_client.key_usages = vec![
-            KeyUsagePurpose::DigitalSignature,
-            KeyUsagePurpose::KeyEncipherment,
-        ];
-        kubelet_client.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-        kubelet_client.use_authority_key_identifier_extension = true;
-        let kubelet_client_cert = kubelet_client
-            .signed_by(&kubelet_client_key, &ca)
-            .context("signing the kubelet client certificate")?;
+        let client = |cn: &str, org: Option<&str>| -> Result<(String, String)> {
+            let key = KeyPair::generate().with_context(|| format!("generating the key of {cn}"))?;
+            let mut params = CertificateParams::default();
+            params.distinguished_name = name(cn, org);
+            params.key_usages = vec![
+                KeyUsagePurpose::DigitalSignature,
+                KeyUsagePurpose::KeyEncipherment,
+            ];
+            params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+            params.use_authority_key_identifier_extension = true;
+            let cert = params
+                .signed_by(&key, &ca)
+                .with_context(|| format!("signing the client certificate of {cn}"))?;
+            Ok((cert.pem(), key.serialize_pem()))
+        };
+        let admin = client(ADMIN_USER, Some("system:masters"))?;
+        let kubelet_client = client(KUBELET_CLIENT_USER, Some("system:masters"))?;
+        let kcm = client(KUBE_CONTROLLER_MANAGER_USER, None)?;
 
         let kubelet_serving_key =
             KeyPair::generate().context("generating the kubelet serving key")?;
@@ -174,16 +175,20 @@ impl Pki {
             kubelet_client_key: dir.join("kubelet-client.key"),
             kubelet_serving_cert: dir.join("kubelet.crt"),
             kubelet_serving_key: dir.join("kubelet.key"),
+            kube_controller_manager_cert: dir.join("kube-controller-manager.crt"),
+            kube_controller_manager_key: dir.join("kube-controller-manager.key"),
         };
         write(&pki.ca_cert, &pki.ca_pem)?;
         write(&pki.serving_cert, &serving_cert.pem())?;
         write(&pki.serving_key, &serving_key.serialize_pem())?;
-        write(&pki.admin_cert, &admin_cert.pem())?;
-        write(&pki.admin_key, &admin_key.serialize_pem())?;
+        write(&pki.admin_cert, &admin.0)?;
+        write(&pki.admin_key, &admin.1)?;
+        write(&pki.kube_controller_manager_cert, &kcm.0)?;
+        write(&pki.kube_controller_manager_key, &kcm.1)?;
         write(&pki.sa_public_key, &sa_key.public_key_pem())?;
         write(&pki.sa_private_key, &sa_key.serialize_pem())?;
-        write(&pki.kubelet_client_cert, &kubelet_client_cert.pem())?;
-        write(&pki.kubelet_client_key, &kubelet_client_key.serialize_pem())?;
+        write(&pki.kubelet_client_cert, &kubelet_client.0)?;
+        write(&pki.kubelet_client_key, &kubelet_client.1)?;
         write(&pki.kubelet_serving_cert, &kubelet_serving_cert.pem())?;
         write(
             &pki.kubelet_serving_key,

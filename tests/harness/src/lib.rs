@@ -186,6 +186,9 @@ pub struct ControlPlane {
     /// front of all of them.
     extra_apiservers: Vec<SecondApiserver>,
     balancer: Option<balancer::Balancer>,
+    /// The first kube-apiserver's own client, once `client` goes through
+    /// the load balancer.
+    direct_client: Option<kube::Client>,
     apiserver_args: Vec<String>,
     binaries: Binaries,
     startup_timeout: Duration,
@@ -310,6 +313,7 @@ impl ControlPlane {
             etcd_others,
             extra_apiservers: Vec::new(),
             balancer: None,
+            direct_client: None,
             apiserver_args: apiserver_args(&options, &pki, secure_port, &etcd_servers),
             binaries,
             startup_timeout: options.startup_timeout,
@@ -362,7 +366,10 @@ impl ControlPlane {
         )?;
         let path = self.root.join("kubeconfig-admin-balanced.yaml");
         kubeconfig::write(&path, &kubeconfig_text)?;
-        self.client = kubeconfig::client(&kubeconfig_text).await?;
+        self.direct_client = Some(std::mem::replace(
+            &mut self.client,
+            kubeconfig::client(&kubeconfig_text).await?,
+        ));
         self.kubeconfig = path;
         self.balancer = Some(balancer);
         Ok(())
@@ -385,6 +392,14 @@ impl ControlPlane {
     pub fn server_url(&self) -> String {
         let port = self.balancer.as_ref().map_or(self.secure_port, |b| b.port);
         format!("https://{}", SocketAddr::new(self.bind_address, port))
+    }
+
+    /// An admin client of each kube-apiserver on its own, not through the
+    /// load balancer: what each one's `/metrics` says is its own.
+    pub fn apiserver_clients(&self) -> Vec<kube::Client> {
+        std::iter::once(self.direct_client.as_ref().unwrap_or(&self.client).clone())
+            .chain(self.extra_apiservers.iter().map(|a| a.client.clone()))
+            .collect()
     }
 
     /// The kube-apiservers behind the load balancer besides the first.
@@ -523,6 +538,35 @@ impl ControlPlane {
             Credentials::Token(token),
         )?;
         kubeconfig::client(&text).await
+    }
+
+    /// The flags that make kube-controller-manager run as a kubeadm cluster
+    /// runs it (after [`start_controller_manager`](Self::start_controller_manager)'s
+    /// own, so they win): as its own user, each controller with the
+    /// credentials of its ServiceAccount in kube-system. API Priority and
+    /// Fairness then serves it as production does (`workload-high`, its
+    /// Lease in `leader-election`), not as the exempt admin.
+    pub fn kube_controller_manager_identity(&self) -> Result<Vec<String>> {
+        let kubeconfig_text = kubeconfig::render(
+            "kube-controller-manager",
+            &self.server_url(),
+            &self.pki.ca_cert,
+            Credentials::ClientCert {
+                cert: &self.pki.kube_controller_manager_cert,
+                key: &self.pki.kube_controller_manager_key,
+            },
+        )?;
+        let path = self.root.join("kubeconfig-kube-controller-manager.yaml");
+        kubeconfig::write(&path, &kubeconfig_text)?;
+        Ok(vec![
+            format!("--kubeconfig={}", path.display()),
+            "--use-service-account-credentials=true".to_string(),
+            format!(
+                "--service-account-private-key-file={}",
+                self.pki.sa_private_key.display()
+            ),
+            format!("--root-ca-file={}", self.pki.ca_cert.display()),
+        ])
     }
 
     /// Starts kube-controller-manager against this control plane with only
