@@ -261,6 +261,11 @@ impl<T: Cached> WatchCore<T> {
                 return;
             }
             Err(err) => {
+                if let Some(retry_after) = throttled(&err) {
+                    warn!(error = %err, ?retry_after, "list page throttled; asking for the same page again after the server's pause");
+                    self.machine.on_list_throttled(retry_after);
+                    return;
+                }
                 self.abort_list();
                 if self.exact == ExactResync::Listing {
                     self.exact = ExactResync::Refused;
@@ -522,5 +527,17 @@ impl<T: Cached> WatchCore<T> {
             (cache.len(), cache.tombstone_count())
         };
         self.observer.cache_size(self.resource(), live, tombstones);
+    }
+}
+
+/// The pause a 429 Too Many Requests asks for (its Status's
+/// `retryAfterSeconds`, else one second); `None` for any other error.
+fn throttled(err: &kube::Error) -> Option<std::time::Duration> {
+    match err {
+        kube::Error::Api(status) if status.code == 429 => {
+            let seconds = status.details.as_ref().map_or(0, |d| d.retry_after_seconds);
+            Some(std::time::Duration::from_secs(u64::from(seconds.max(1))))
+        }
+        _ => None,
     }
 }

@@ -276,6 +276,28 @@ impl Machine {
         }
     }
 
+    /// A LIST page was refused with 429 Too Many Requests (API Priority
+    /// and Fairness, or a server's in-flight limit): the same page is asked
+    /// for again once the pause the server asked for (`retry_after`, 1 to
+    /// 60 s) is over, the pages already applied kept. A throttled page never
+    /// restarts a long list from its first page, which would only add load
+    /// to a server that asked for less.
+    pub fn on_list_throttled(&mut self, retry_after: Duration) {
+        let again = match std::mem::replace(
+            &mut self.phase,
+            Phase::Relisting {
+                reason: RestartReason::ListError,
+            },
+        ) {
+            Phase::BackingOff { next, .. } => *next,
+            other => other,
+        };
+        self.phase = Phase::BackingOff {
+            delay: retry_after.clamp(Duration::from_secs(1), Duration::from_secs(60)),
+            next: Box::new(again),
+        };
+    }
+
     /// The watch request was accepted (HTTP 200).
     pub fn on_watch_started(&mut self) {
         self.events_this_watch = 0;

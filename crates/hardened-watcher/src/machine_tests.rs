@@ -146,6 +146,37 @@ fn list_errors_back_off_then_relist_from_scratch() {
 }
 
 #[test]
+fn a_throttled_page_is_asked_for_again_after_the_servers_pause() {
+    let mut m = machine();
+    m.on_list_page(Some("c1".into()), "100");
+    m.on_list_throttled(Duration::from_secs(3));
+    assert_eq!(m.next_action(), Action::Backoff(Duration::from_secs(3)));
+    m.on_backoff_elapsed();
+    assert_eq!(
+        m.next_action(),
+        Action::List {
+            continue_token: Some("c1".into()),
+            limit: 500,
+            exact_rv: None,
+        },
+        "the same page, not the first"
+    );
+    // The list goes on with the first page's snapshot.
+    assert_eq!(
+        m.on_list_page(None, "100"),
+        PageOutcome::Complete {
+            list_rv: "100".into()
+        }
+    );
+    // A pause the server did not give, or an absurd one, is bounded.
+    let mut m = machine();
+    m.on_list_throttled(Duration::ZERO);
+    assert_eq!(m.next_action(), Action::Backoff(Duration::from_secs(1)));
+    m.on_list_throttled(Duration::from_secs(3600));
+    assert_eq!(m.next_action(), Action::Backoff(Duration::from_secs(60)));
+}
+
+#[test]
 fn list_without_resource_version_is_not_watched_from() {
     let mut m = machine();
     assert_eq!(m.on_list_page(None, ""), PageOutcome::Invalid);

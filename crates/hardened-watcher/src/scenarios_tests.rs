@@ -635,3 +635,42 @@ fn an_event_known_from_its_metadata_moves_the_resume_point_only() {
     assert_eq!(h.core.machine().resume_rv(), Some("145"));
     assert!(h.stale().is_empty());
 }
+
+/// A page refused with 429 (API Priority and Fairness) is asked for again,
+/// after the pause the server asked for: the pages before it stay applied,
+/// the list goes on from where it was, nothing is taken for deleted and no
+/// restart is counted.
+#[test]
+fn a_throttled_page_resumes_the_list_where_it_was() {
+    let mut h = Harness::synced_with(vec![obj("a", "ua", "100"), obj("b", "ub", "100")], "200");
+    h.error_event(410, "Expired");
+    h.expect_list(None);
+    h.page(vec![obj("a", "ua", "100")], Some("c1"), "300");
+    h.expect_list(Some("c1"));
+    let mut throttled = api_error(429, "TooManyRequests");
+    if let kube::Error::Api(status) = &mut throttled {
+        status.details = Some(kube::core::response::StatusDetails {
+            name: String::new(),
+            group: String::new(),
+            kind: String::new(),
+            uid: String::new(),
+            causes: Vec::new(),
+            retry_after_seconds: 2,
+        });
+    }
+    let restarts_before = h.restarts(RestartReason::ListError);
+    h.core.on_list_page(Err(throttled));
+    assert_eq!(
+        h.step(),
+        Step::Act(Action::Backoff(std::time::Duration::from_secs(2)))
+    );
+    h.core.on_backoff_elapsed();
+    h.expect_list(Some("c1"));
+    h.page(vec![obj("b", "ub", "100")], None, "300");
+    h.expect_watch("300");
+    assert!(
+        h.deletion_candidates().is_empty(),
+        "nothing taken for deleted"
+    );
+    assert_eq!(h.restarts(RestartReason::ListError), restarts_before);
+}
