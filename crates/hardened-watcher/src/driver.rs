@@ -50,6 +50,25 @@ impl Default for WatchConfig {
 /// How long past the server-side watch timeout a silent stream is tolerated.
 const WATCH_GRACE_SECS: u64 = 30;
 
+/// How long a watch that has delivered a BOOKMARK may then stay silent.
+/// kube-apiserver's watch cache sends each watcher a bookmark about once a
+/// minute: two and a half of its periods without a byte mean the server
+/// (or the connection to it: a half-open TCP, a load balancer that dropped
+/// it) is gone, long before the watch's own timeout would say so.
+const BOOKMARK_SILENCE: Duration = Duration::from_secs(150);
+
+/// How long the watch may be silent before it is taken for dead: until the
+/// server has shown it sends bookmarks, its timeout and a grace; after,
+/// [`BOOKMARK_SILENCE`] (or less, for a shorter timeout).
+pub(crate) fn idle_limit(watch_timeout_secs: u32, bookmarks_seen: bool) -> Duration {
+    let timeout = Duration::from_secs(u64::from(watch_timeout_secs) + WATCH_GRACE_SECS);
+    if bookmarks_seen {
+        timeout.min(BOOKMARK_SILENCE)
+    } else {
+        timeout
+    }
+}
+
 /// Resolves once `shutdown` turns true. A dropped sender means nobody can ask
 /// us to stop any more: then it never resolves.
 pub(crate) async fn stopped(shutdown: &mut watch::Receiver<bool>) {
@@ -323,10 +342,10 @@ where
             }
         };
         self.core.on_watch_started();
-        let idle_limit =
-            Duration::from_secs(u64::from(self.config.watch_timeout_secs) + WATCH_GRACE_SECS);
+        let mut bookmarks_seen = false;
         let mut stream = std::pin::pin!(stream);
         loop {
+            let idle_limit = idle_limit(self.config.watch_timeout_secs, bookmarks_seen);
             let next = tokio::select! {
                 next = tokio::time::timeout(idle_limit, stream.next()) => next,
                 request = self.requests.recv() => {
@@ -340,9 +359,10 @@ where
                 () = stopped(&mut self.shutdown) => return Ok(Flow::Stop),
             };
             let Ok(next) = next else {
-                // The server should have closed the watch at its timeout: a
-                // silent connection is a dead one (half-open TCP, lost NAT).
-                warn!(?idle_limit, "watch silent past its timeout; reconnecting");
+                // The server should have closed the watch at its timeout, or
+                // sent a bookmark: a silent connection is a dead one
+                // (half-open TCP, lost NAT, a dropped load balancer flow).
+                warn!(?idle_limit, "watch silent too long; reconnecting");
                 self.core.on_connect_error();
                 return Ok(Flow::Continue);
             };
@@ -375,6 +395,7 @@ where
                             WatchInput::Unrecognised("unrequested protobuf frame".to_owned())
                         }
                     };
+                    bookmarks_seen |= matches!(input, WatchInput::Bookmark(_));
                     if self.core.on_input(input) {
                         return Ok(Flow::Continue);
                     }

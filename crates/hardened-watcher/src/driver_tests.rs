@@ -323,3 +323,14 @@ fn _run_future_is_send(
             .run(stop),
     );
 }
+
+/// A half-open watch is found by its silence: past the timeout and a grace
+/// until the server has sent a bookmark, after that within two and a half
+/// bookmark periods.
+#[test]
+fn a_watch_that_sends_bookmarks_is_dead_after_150_s_of_silence() {
+    use super::driver::idle_limit;
+    assert_eq!(idle_limit(290, false), Duration::from_secs(320));
+    assert_eq!(idle_limit(290, true), Duration::from_secs(150));
+    assert_eq!(idle_limit(60, true), Duration::from_secs(90));
+}
