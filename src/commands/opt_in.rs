@@ -133,7 +133,7 @@ pub async fn opt_in(client: &Client, name: &ServiceName, options: StepArgs) -> R
     Ok(())
 }
 
-/// Opts `name` out ([`hand_back`] of one Service).
+/// Opts `name` out: the hand-back of one Service.
 pub async fn opt_out(client: &Client, name: &ServiceName, options: StepArgs) -> Result<()> {
     let view = ServiceView::read(client, name).await?;
     if view.standing() == Standing::NotOptedIn && !view.is_marked() {
@@ -144,7 +144,7 @@ pub async fn opt_out(client: &Client, name: &ServiceName, options: StepArgs) -> 
 }
 
 /// Every Service endpoints-guard publishes (of `namespace`, or all) back to
-/// kube-controller-manager ([`hand_back`]).
+/// kube-controller-manager, together, as `opt-out` hands back one.
 pub async fn hand_back_all(
     client: &Client,
     namespace: Option<&str>,
