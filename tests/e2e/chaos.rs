@@ -41,7 +41,7 @@ const FAST: [&str; 3] = [
 /// controllers talk to that one (docs/ghosts.md).
 const TWO_API_SERVERS: &str = "watch-cache-lost-pod-delete-two-apiservers";
 
-const FULL: [&str; 21] = [
+const FULL: [&str; 30] = [
     "failure-a-delete-oldest-service",
     "failure-a-old-delete-of-live-service",
     "failure-b-compaction-and-prevkv-nil",
@@ -63,13 +63,29 @@ const FULL: [&str; 21] = [
     "slices/failure-a-old-delete-of-live-pod",
     "slices/failure-b-compaction-and-prevkv-nil",
     "slices/apiserver-restart",
+    "slices/service-and-pods-recreated",
+    "slices/node-delete-replayed",
+    "slices/node-added-unseen",
+    "etcd-leader-stopped",
+    "slices/etcd-leader-stopped",
+    "half-open-pod-watch",
+    "slices/half-open-pod-watch",
+    "ready-flip-own-writes-lagging",
+    "slices/ready-flip-own-writes-lagging",
 ];
 
 /// How long a row is watched after its fault began: longer where the fault
 /// itself takes a while (restarts, a denial that outlasts the retries).
-fn window(name: &str, default: Duration) -> Duration {
-    match name {
+fn window(row: &str, default: Duration) -> Duration {
+    match row.strip_prefix(SLICES).unwrap_or(row) {
         "etcd-restore-plain" | "etcd-restore-bump-revision" => Duration::from_secs(60),
+        // kube-apiserver's own writes may fail for a minute or more while its
+        // etcd client gives up on the stalled member.
+        "etcd-leader-stopped" => Duration::from_secs(240),
+        // The silence limit after the last bookmark (150 s), bookmarks a
+        // minute apart, and a margin.
+        "half-open-pod-watch" => Duration::from_secs(240),
+        "node-added-unseen" => Duration::from_secs(60),
         "watch-cache-lost-pod-delete" => Duration::from_secs(40),
         // kube-apiserver's check every 5 to 7.5 minutes, then a resync: the
         // 10-minute bound, and a minute to spare.
@@ -130,7 +146,7 @@ fn chaos_only_picks_whole_names_alone_and_substrings_widely() {
         pick("watch-cache"),
         Ok(vec!["watch-cache-lost-pod-delete", TWO_API_SERVERS])
     );
-    assert_eq!(pick("slices/").map(|r| r.len()), Ok(6));
+    assert_eq!(pick("slices/").map(|r| r.len()), Ok(12));
     assert!(pick("etcd-restore,no-such-row").is_err());
 }
 
@@ -146,12 +162,19 @@ async fn run(row: &str, which: Which, window: Duration) -> Result<Row> {
     if name.starts_with("watch-cache-lost-pod-delete") {
         options = options.with_etcd_fault_proxy();
     }
+    if name == "etcd-leader-stopped" {
+        options = ControlPlaneOptions::highly_available();
+    }
     let mut env = Env::new(which, published, options).await?;
     if name.starts_with("stale-rv0") {
         // kube-controller-manager 1.36 starts its informers with a watch-list
         // (sendInitialEvents, RV unset: consistent); with the gate off it makes
         // the classic LIST at resourceVersion=0 that a stale cache answers.
         env.kcm_args.push("--feature-gates=WatchListClient=false");
+    }
+    if name == "half-open-pod-watch" {
+        // No resync to reopen the watch: the silence alone must be found.
+        env.guard_args.push("--resync-interval=0");
     }
     env.observer = Some(Observer::start_for(&env.cp.client(), NS, published));
     let (fault, expected) = scenario(name, &mut env).await?;

@@ -57,15 +57,47 @@ const WATCH_GRACE_SECS: u64 = 30;
 /// it) is gone, long before the watch's own timeout would say so.
 const BOOKMARK_SILENCE: Duration = Duration::from_secs(150);
 
-/// How long the watch may be silent before it is taken for dead: until the
-/// server has shown it sends bookmarks, its timeout and a grace; after,
-/// [`BOOKMARK_SILENCE`] (or less, for a shorter timeout).
-pub(crate) fn idle_limit(watch_timeout_secs: u32, bookmarks_seen: bool) -> Duration {
-    let timeout = Duration::from_secs(u64::from(watch_timeout_secs) + WATCH_GRACE_SECS);
-    if bookmarks_seen {
-        timeout.min(BOOKMARK_SILENCE)
-    } else {
-        timeout
+/// What the watcher knows of the server's bookmarks, across its watches.
+/// kube-apiserver sends them on every watch that asks (a watch served from
+/// its cache, the default for every resource), so they are expected from
+/// the first watch on; a server that lets two watches in a row go silent
+/// without ever having sent one is taken not to send any (its watch cache
+/// off), and its watches are then given their timeout instead.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Bookmarks {
+    seen: bool,
+    silent_watches: u8,
+}
+
+impl Bookmarks {
+    /// Watches found silent, none with a bookmark ever seen, before the
+    /// server is taken not to send bookmarks.
+    const SILENT_WATCHES_BEFORE_GIVING_UP: u8 = 2;
+
+    pub(crate) fn on_bookmark(&mut self) {
+        self.seen = true;
+        self.silent_watches = 0;
+    }
+
+    /// A watch was given up for its silence.
+    pub(crate) fn on_silent_watch(&mut self) {
+        self.silent_watches = self.silent_watches.saturating_add(1);
+    }
+
+    fn expected(self) -> bool {
+        self.seen || self.silent_watches < Self::SILENT_WATCHES_BEFORE_GIVING_UP
+    }
+
+    /// How long a watch may be silent before it is taken for dead: while
+    /// bookmarks are expected, [`BOOKMARK_SILENCE`] (or its timeout and a
+    /// grace, if shorter); otherwise its timeout and a grace.
+    pub(crate) fn idle_limit(self, watch_timeout_secs: u32) -> Duration {
+        let timeout = Duration::from_secs(u64::from(watch_timeout_secs) + WATCH_GRACE_SECS);
+        if self.expected() {
+            timeout.min(BOOKMARK_SILENCE)
+        } else {
+            timeout
+        }
     }
 }
 
@@ -167,6 +199,7 @@ where
             config: self.config,
             requests,
             shutdown,
+            bookmarks: Bookmarks::default(),
         };
         driver
             .run_loop()
@@ -185,6 +218,7 @@ struct Driver<K: kube::Resource, T: Cached, P> {
     config: WatchConfig,
     requests: mpsc::UnboundedReceiver<Request>,
     shutdown: watch::Receiver<bool>,
+    bookmarks: Bookmarks,
 }
 
 /// Whether the loop goes on.
@@ -342,10 +376,9 @@ where
             }
         };
         self.core.on_watch_started();
-        let mut bookmarks_seen = false;
         let mut stream = std::pin::pin!(stream);
         loop {
-            let idle_limit = idle_limit(self.config.watch_timeout_secs, bookmarks_seen);
+            let idle_limit = self.bookmarks.idle_limit(self.config.watch_timeout_secs);
             let next = tokio::select! {
                 next = tokio::time::timeout(idle_limit, stream.next()) => next,
                 request = self.requests.recv() => {
@@ -363,6 +396,7 @@ where
                 // sent a bookmark: a silent connection is a dead one
                 // (half-open TCP, lost NAT, a dropped load balancer flow).
                 warn!(?idle_limit, "watch silent too long; reconnecting");
+                self.bookmarks.on_silent_watch();
                 self.core.on_connect_error();
                 return Ok(Flow::Continue);
             };
@@ -395,7 +429,9 @@ where
                             WatchInput::Unrecognised("unrequested protobuf frame".to_owned())
                         }
                     };
-                    bookmarks_seen |= matches!(input, WatchInput::Bookmark(_));
+                    if matches!(input, WatchInput::Bookmark(_)) {
+                        self.bookmarks.on_bookmark();
+                    }
                     if self.core.on_input(input) {
                         return Ok(Flow::Continue);
                     }

@@ -324,13 +324,24 @@ fn _run_future_is_send(
     );
 }
 
-/// A half-open watch is found by its silence: past the timeout and a grace
-/// until the server has sent a bookmark, after that within two and a half
-/// bookmark periods.
+/// A half-open watch is found by its silence: within two and a half
+/// bookmark periods from the first watch on, as kube-apiserver sends
+/// bookmarks on every watch from its cache; past the timeout and a grace
+/// once two watches in a row went silent with no bookmark ever seen.
 #[test]
-fn a_watch_that_sends_bookmarks_is_dead_after_150_s_of_silence() {
-    use super::driver::idle_limit;
-    assert_eq!(idle_limit(290, false), Duration::from_secs(320));
-    assert_eq!(idle_limit(290, true), Duration::from_secs(150));
-    assert_eq!(idle_limit(60, true), Duration::from_secs(90));
+fn a_watch_is_dead_after_150_s_of_silence_unless_the_server_sends_no_bookmarks() {
+    use super::driver::Bookmarks;
+    let mut bookmarks = Bookmarks::default();
+    assert_eq!(bookmarks.idle_limit(290), Duration::from_secs(150));
+    assert_eq!(bookmarks.idle_limit(60), Duration::from_secs(90));
+    bookmarks.on_silent_watch();
+    assert_eq!(bookmarks.idle_limit(290), Duration::from_secs(150));
+    bookmarks.on_silent_watch();
+    assert_eq!(bookmarks.idle_limit(290), Duration::from_secs(320));
+    // One bookmark, and silence means death again, however long after.
+    bookmarks.on_bookmark();
+    bookmarks.on_silent_watch();
+    bookmarks.on_silent_watch();
+    bookmarks.on_silent_watch();
+    assert_eq!(bookmarks.idle_limit(290), Duration::from_secs(150));
 }

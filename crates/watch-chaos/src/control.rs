@@ -9,6 +9,7 @@
 //! | `POST /actions/replay-old-delete` | `{"resource","namespace","name"[,"pace_ms"]}` | failure A on command |
 //! | `POST /actions/inject-error` | `{"resource","code":410\|500}` | ERROR event to open watches |
 //! | `POST /actions/cut-streams` | `{"resource"?}` | aborts open watches mid-stream |
+//! | `POST /actions/silence-streams` | `{"resource"?}` | open watches go half-open: open, silent |
 //! | `POST /actions/snapshot` | `{"resource"[,"path"]}` | retakes the stale-list snapshot |
 
 use std::convert::Infallible;
@@ -149,6 +150,15 @@ async fn route(
                 parse(body)?
             };
             let streams = proxy.cut_streams(target.resource.as_deref());
+            Ok(ok(json!({"ok": true, "open_watch_streams": streams})))
+        }
+        ("POST", "/actions/silence-streams") => {
+            let target: ResourceRef = if body.is_empty() {
+                ResourceRef::default()
+            } else {
+                parse(body)?
+            };
+            let streams = proxy.silence_streams(target.resource.as_deref());
             Ok(ok(json!({"ok": true, "open_watch_streams": streams})))
         }
         ("POST", "/actions/snapshot") => {

@@ -50,10 +50,14 @@ pub enum FaultKind {
     /// server's own version, its minor replaced by `minor`: a control plane
     /// upgraded past what the client knows.
     ServerVersion,
+    /// Every watch event is passed on `delay_ms` after it came (default
+    /// 1000), in order: a watch lagging behind the store, as a busy API
+    /// server's watch cache or a slow client connection lags.
+    WatchLag,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 12] = [
+    pub const ALL: [FaultKind; 13] = [
         FaultKind::OldDeleteRv,
         FaultKind::DropDeletes,
         FaultKind::Duplicate,
@@ -66,6 +70,7 @@ impl FaultKind {
         FaultKind::StaleList,
         FaultKind::Bare404,
         FaultKind::ServerVersion,
+        FaultKind::WatchLag,
     ];
 
     pub fn name(self) -> &'static str {
@@ -82,6 +87,7 @@ impl FaultKind {
             FaultKind::StaleList => "stale-list",
             FaultKind::Bare404 => "bare-404",
             FaultKind::ServerVersion => "server-version",
+            FaultKind::WatchLag => "watch-lag",
         }
     }
 }
@@ -91,7 +97,8 @@ impl FaultKind {
 pub struct FaultSpec {
     pub resource: String,
     pub fault: FaultKind,
-    /// `delay`: how long each request waits (default 1000).
+    /// `delay`: how long each request waits; `watch-lag`: how long each
+    /// event is held (default 1000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delay_ms: Option<u64>,
     /// `old-delete-rv`: the pause between replayed events when the client

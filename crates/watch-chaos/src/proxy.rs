@@ -252,6 +252,14 @@ impl Proxy {
         })
     }
 
+    /// Makes the open watch streams of `resource` (all for `None`) half-open;
+    /// returns how many streams took it.
+    pub fn silence_streams(&self, resource: Option<&str>) -> usize {
+        self.shared.broadcast(Command::Silence {
+            resource: resource.map(str::to_string),
+        })
+    }
+
     /// Answers one client request.
     pub async fn handle(
         self: Arc<Self>,

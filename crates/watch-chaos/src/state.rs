@@ -26,6 +26,11 @@ pub enum Command {
     },
     /// Abort the streams (of every resource for `None`) mid-stream.
     Cut { resource: Option<String> },
+    /// Make the open streams (of every resource for `None`) half-open: they
+    /// pass nothing on from then on, bookmarks included, and stay open
+    /// until the client leaves, as behind a load balancer whose far side
+    /// is gone. Streams opened later are not touched.
+    Silence { resource: Option<String> },
 }
 
 impl Command {
@@ -38,7 +43,9 @@ impl Command {
                 namespace: target,
                 ..
             } => r == resource && (namespace.is_none() || namespace == target.as_deref()),
-            Command::Cut { resource: r } => r.as_deref().is_none_or(|r| r == resource),
+            Command::Cut { resource: r } | Command::Silence { resource: r } => {
+                r.as_deref().is_none_or(|r| r == resource)
+            }
         }
     }
 }

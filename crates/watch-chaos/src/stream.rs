@@ -2,6 +2,7 @@
 //! event on the wire it came on, transformed per the faults in force, and
 //! open to commands (inject, cut).
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -65,10 +66,15 @@ impl Pump {
         let mut buf = Vec::new();
         let mut transformer = Transformer::new(self.wire);
         let mut hold_until = tokio::time::Instant::now();
+        // Events the watch-lag fault holds, each with the time it is due.
+        let mut lagging: VecDeque<(tokio::time::Instant, Vec<Out>)> = VecDeque::new();
+        let mut silent = false;
         loop {
             let holding = transformer.holding();
+            let due = lagging.front().map(|(due, _)| *due);
             tokio::select! {
                 frame = upstream.frame() => {
+                    let came = tokio::time::Instant::now();
                     let data = match frame {
                         Some(Ok(frame)) => match frame.into_data() {
                             Ok(data) => data,
@@ -77,6 +83,10 @@ impl Pump {
                         // The API server ended the watch (or failed): end ours.
                         _ => break,
                     };
+                    // The client of a half-open stream hears nothing more.
+                    if silent {
+                        continue;
+                    }
                     buf.extend_from_slice(&data);
                     let split = match self.wire.split(&mut buf) {
                         Ok(split) => split,
@@ -85,10 +95,20 @@ impl Pump {
                             break;
                         }
                     };
+                    let lag = self.lag();
                     for event in split {
                         let was_holding = transformer.holding();
-                        if let Flow::Stop = self.on_event(&mut transformer, &event).await {
-                            return;
+                        let out = self.on_event(&mut transformer, &event).await;
+                        match lag {
+                            Some(lag) => {
+                                self.shared.bump(&self.resource, "events_lagged");
+                                lagging.push_back((came + lag, out));
+                            }
+                            None => {
+                                if let Flow::Stop = self.write(out).await {
+                                    return;
+                                }
+                            }
                         }
                         if !was_holding && transformer.holding() {
                             hold_until = tokio::time::Instant::now() + self.hold();
@@ -96,17 +116,32 @@ impl Pump {
                     }
                 }
                 command = commands.recv() => match command {
-                    Ok(command) if command.applies(&self.resource, self.namespace.as_deref()) => {
+                    // A half-open stream takes no more commands.
+                    Ok(_) if silent => {}
+                    Ok(command) if !command.applies(&self.resource, self.namespace.as_deref()) => {}
+                    Ok(Command::Silence { .. }) => {
+                        info!(resource = %self.resource, "the watch stream goes half-open");
+                        self.shared.bump(&self.resource, "streams_silenced");
+                        silent = true;
+                    }
+                    Ok(command) => {
                         if let Flow::Stop = self.on_command(command).await {
                             return;
                         }
                     }
-                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
                     Err(_) => break,
                 },
-                _ = tokio::time::sleep_until(hold_until), if holding => {
+                _ = tokio::time::sleep_until(hold_until), if holding && !silent => {
                     if let Some(held) = transformer.take_held()
                         && !self.send(held).await
+                    {
+                        return;
+                    }
+                }
+                _ = tokio::time::sleep_until(due.unwrap_or(hold_until)), if due.is_some() && !silent => {
+                    if let Some((_, out)) = lagging.pop_front()
+                        && let Flow::Stop = self.write(out).await
                     {
                         return;
                     }
@@ -114,9 +149,27 @@ impl Pump {
                 _ = self.tx.closed() => return,
             }
         }
+        // A half-open stream says nothing, even at its end.
+        if silent {
+            self.tx.closed().await;
+            return;
+        }
+        for (due, out) in lagging {
+            tokio::time::sleep_until(due).await;
+            if let Flow::Stop = self.write(out).await {
+                return;
+            }
+        }
         if let Some(held) = transformer.take_held() {
             self.send(held).await;
         }
+    }
+
+    /// How long the watch-lag fault holds each event, when it is set.
+    fn lag(&self) -> Option<Duration> {
+        self.shared
+            .fault(&self.resource, FaultKind::WatchLag)
+            .map(|f| Duration::from_millis(f.delay_ms()))
     }
 
     fn hold(&self) -> Duration {
@@ -134,7 +187,8 @@ impl Pump {
             .is_ok()
     }
 
-    async fn on_event(&mut self, transformer: &mut Transformer, raw: &[u8]) -> Flow {
+    /// What to write for one event from the API server.
+    async fn on_event(&mut self, transformer: &mut Transformer, raw: &[u8]) -> Vec<Out> {
         let event = self.wire.decode(raw);
         let mut previous_rv = None;
         let mut replaying = false;
@@ -185,7 +239,7 @@ impl Pump {
             self.shared.register_replay(&self.resource, old, pace);
             info!(resource = %self.resource, rv = %old, "sent a DELETE with an old RV; ending the stream");
         }
-        self.write(step.out).await
+        step.out
     }
 
     async fn write(&self, out: Vec<Out>) -> Flow {
@@ -224,6 +278,8 @@ impl Pump {
                 self.write(vec![Out::Partial(self.wire.cut_fragment())])
                     .await
             }
+            // The run loop itself goes silent.
+            Command::Silence { .. } => Flow::Continue,
         }
     }
 

@@ -5,7 +5,10 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
+use eg_harness::{PodBuilder, PodStatusSpec};
 use eg_tools::chaos::Expected;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, PostParams};
 use serde_json::json;
 
 use super::NS;
@@ -84,6 +87,151 @@ pub async fn scenario(name: &str, env: &mut Env) -> Result<(Instant, Expected)> 
                 )
                 .await?;
             Ok((fault, expected))
+        }
+        // A Service and its pod deleted and made again at once, the same
+        // names (a `kubectl replace --force`, an app redeployed): upstream's
+        // slice tracker keeps the old Service's slices and the new one may
+        // never get any (kubernetes#141592, fixed in 1.38 only).
+        "service-and-pods-recreated" => {
+            env.service_with_pod("a", "10.1.0.1").await?;
+            env.settle(&Expected::default().service("a", &["10.1.0.1"]))
+                .await?;
+            let fault = Instant::now();
+            env.delete_service("a").await?;
+            env.cp.force_delete_pod(NS, "a-0").await?;
+            env.service_with_pod("a", "10.1.0.2").await?;
+            Ok((fault, Expected::default().service("a", &["10.1.0.2"])))
+        }
+        // An old DELETE of the live Node of every pod, replayed to the
+        // controller's Node watch: upstream drops every endpoint on a Node
+        // missing from its cache (kubernetes#107927), and a Node that does
+        // not change (here: no kubelet) never comes back to it.
+        "node-delete-replayed" => {
+            env.service_with_pod("a", "10.1.0.1").await?;
+            env.pod("a-1", "a", "10.1.0.2", true).await?;
+            let expected = Expected::default().service("a", &["10.1.0.1", "10.1.0.2"]);
+            env.settle(&expected).await?;
+            let fault = Instant::now();
+            env.proxy
+                .post(
+                    "/actions/replay-old-delete",
+                    json!({"resource": "nodes", "name": "node-a", "pace_ms": 400}),
+                )
+                .await?;
+            // A change after the replay: the Service is synced on it.
+            env.pod("a-2", "a", "10.1.0.3", true).await?;
+            Ok((
+                fault,
+                expected.service("a", &["10.1.0.1", "10.1.0.2", "10.1.0.3"]),
+            ))
+        }
+        // The pod watches go half-open: open, silent, bookmarks included,
+        // as behind a load balancer whose far side is gone, while a pod goes
+        // and another comes. Nothing but the silence tells.
+        "half-open-pod-watch" => {
+            env.service_with_pod("a", "10.1.0.1").await?;
+            env.pod("a-1", "a", "10.1.0.2", true).await?;
+            env.settle(&Expected::default().service("a", &["10.1.0.1", "10.1.0.2"]))
+                .await?;
+            let fault = Instant::now();
+            env.proxy
+                .post("/actions/silence-streams", json!({"resource": "pods"}))
+                .await?;
+            env.cp.force_delete_pod(NS, "a-1").await?;
+            env.pod("a-2", "a", "10.1.0.3", true).await?;
+            Ok((
+                fault,
+                Expected::default().service("a", &["10.1.0.1", "10.1.0.3"]),
+            ))
+        }
+        // Node events lost: the Node watch goes half-open, then a Node is
+        // added and a ready pod starts on it. A controller that knows only
+        // the Nodes its watch told it of leaves the pod out (kubernetes#107927).
+        "node-added-unseen" => {
+            env.service_with_pod("a", "10.1.0.1").await?;
+            env.settle(&Expected::default().service("a", &["10.1.0.1"]))
+                .await?;
+            let fault = Instant::now();
+            env.proxy
+                .post("/actions/silence-streams", json!({"resource": "nodes"}))
+                .await?;
+            let node: Node = serde_json::from_value(json!({"metadata": {"name": "node-b"}}))?;
+            Api::<Node>::all(env.cp.client())
+                .create(&PostParams::default(), &node)
+                .await?;
+            env.cp
+                .create_pod_with_status(
+                    PodBuilder::serving(NS, "a-1", "a").node_name("node-b"),
+                    PodStatusSpec::running(["10.1.0.2"], true),
+                )
+                .await?;
+            Ok((
+                fault,
+                Expected::default().service("a", &["10.1.0.1", "10.1.0.2"]),
+            ))
+        }
+        // The watches of what the controller writes lag 3 s behind the
+        // store while a pod goes not ready and ready again within a second:
+        // a controller that compares with its lagging cache sees its own
+        // not-ready write as still to come, and the ready state as already
+        // there (kubernetes#125638 and its family).
+        "ready-flip-own-writes-lagging" => {
+            env.service_with_pod("a", "10.1.0.1").await?;
+            env.pod("a-1", "a", "10.1.0.2", true).await?;
+            let expected = Expected::default().service("a", &["10.1.0.1", "10.1.0.2"]);
+            env.settle(&expected).await?;
+            for resource in ["endpoints", "endpointslices"] {
+                env.proxy
+                    .fault(resource, "watch-lag", json!({"delay_ms": 3000}))
+                    .await?;
+            }
+            let fault = Instant::now();
+            env.set_ready("a-1", "10.1.0.2", false).await?;
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            env.set_ready("a-1", "10.1.0.2", true).await?;
+            Ok((fault, expected))
+        }
+        // Three etcd members, two API servers behind a load balancer: the
+        // etcd leader stalls (SIGSTOP) for 10 s while a pod comes and another
+        // goes, then resumes.
+        "etcd-leader-stopped" => {
+            env.service_with_pod("a", "10.1.0.1").await?;
+            env.pod("a-1", "a", "10.1.0.2", true).await?;
+            env.settle(&Expected::default().service("a", &["10.1.0.1", "10.1.0.2"]))
+                .await?;
+            let leader = env.cp.etcd_leader().await?;
+            let fault = Instant::now();
+            env.cp.pause_etcd_member(leader, true)?;
+            // Writes time out until the others elect a leader.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while !matches!(env.cp.etcd_leader().await, Ok(now) if now != leader) {
+                anyhow::ensure!(Instant::now() < deadline, "no new etcd leader within 30 s");
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            // kube-apiserver answers 500 while its etcd client gives up on
+            // the stalled member: a client tries again, as ours do.
+            retried(|| async {
+                let pod = PodBuilder::serving(NS, "a-2", "a");
+                match env.cp.create_pod(pod).await {
+                    Err(err)
+                        if err
+                            .downcast_ref::<kube::Error>()
+                            .is_some_and(|e| matches!(e, kube::Error::Api(s) if s.code == 409)) =>
+                    {
+                        Ok(())
+                    }
+                    other => other.map(drop),
+                }
+            })
+            .await?;
+            retried(|| env.set_ready("a-2", "10.1.0.3", true)).await?;
+            retried(|| env.cp.force_delete_pod(NS, "a-1")).await?;
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            env.cp.pause_etcd_member(leader, false)?;
+            Ok((
+                fault,
+                Expected::default().service("a", &["10.1.0.1", "10.1.0.3"]),
+            ))
         }
         "lost-service-delete" => {
             env.services_settled(&[("a", "10.1.0.1"), ("x", "10.1.9.1")])
@@ -191,9 +339,50 @@ pub async fn scenario(name: &str, env: &mut Env) -> Result<(Instant, Expected)> 
     }
 }
 
+/// `write` until it succeeds, for up to 2 minutes (the first error after
+/// that).
+async fn retried<F, Fut>(mut write: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<()>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        match write().await {
+            Ok(()) => return Ok(()),
+            Err(err) if Instant::now() > deadline => return Err(err),
+            Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    }
+}
+
 /// How a scenario hurts upstream when it does, and why it may not.
 pub fn note(name: &str) -> (&'static str, &'static str) {
     match name {
+        "slices/service-and-pods-recreated" => (
+            "the Service made again gets no slices: upstream's tracker still expects the old Service's",
+            "upstream's tracker had caught up with the deletion before the Service came back",
+        ),
+        "slices/node-delete-replayed" => (
+            "the endpoints of every pod on the Node leave the slices, and stay out: the Node never changes again",
+            "the replayed DELETE did not reach upstream's Node watch",
+        ),
+        "half-open-pod-watch" | "slices/half-open-pod-watch" => (
+            "the pod changes made after the watch went silent never reach it: nothing on its side ends the watch",
+            "its pod watch was opened again before the changes",
+        ),
+        "ready-flip-own-writes-lagging" | "slices/ready-flip-own-writes-lagging" => (
+            "the pod left not ready: its own write still to come in its cache, the ready state looked written",
+            "it does not skip a write on a cache that has not seen its own last write",
+        ),
+        "slices/node-added-unseen" => (
+            "the pod on the Node it never heard of stays out of the slices",
+            "it learnt of the Node another way",
+        ),
+        "etcd-leader-stopped" | "slices/etcd-leader-stopped" => (
+            "an event was lost while the etcd leader stalled",
+            "both controllers' watches went on through another member (kube-apiserver's etcd client moves)",
+        ),
         "slices/lost-pod-delete" => (
             "the deleted pod stays an endpoint in the slices: upstream never re-reads the API",
             "the delete reached the controller another way",
