@@ -26,6 +26,7 @@ pub mod controller;
 pub mod desired;
 pub mod error;
 pub mod leader;
+mod locks;
 pub mod metrics;
 pub mod ratelimit;
 pub mod reconcile;

@@ -5,20 +5,16 @@
 //! (counted when made again).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use hardened_watcher::ObjectKey;
 use prometheus::IntGaugeVec;
 
 use crate::desired::scope::OptInState;
+use crate::locks::lock;
 use crate::reconcile::decide::Status;
 use crate::settings::Controller;
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Each use is one map update: a panic elsewhere leaves it consistent.
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 /// The reason of the Warning Event of a selector restored on an opted-in
 /// Service.

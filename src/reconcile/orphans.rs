@@ -13,13 +13,14 @@
 //! caught up.
 
 use std::collections::HashSet;
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 
 use tracing::warn;
 
 use super::Context;
 use super::kinds::CachedEndpoints;
 use crate::desired::scope::Managers;
+use crate::locks::lock;
 use hardened_watcher::ObjectKey;
 
 /// The keys of the unmanaged orphan Endpoints, as last reconciled.
@@ -33,7 +34,7 @@ impl UnmanagedOrphans {
     /// count to `report` while the record is held, so two workers cannot
     /// report their counts out of order. Returns true if `key` just became one.
     pub fn record(&self, key: &ObjectKey, orphan: bool, report: impl FnOnce(usize)) -> bool {
-        let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut keys = lock(&self.keys);
         let became = if orphan {
             keys.insert(key.clone())
         } else {

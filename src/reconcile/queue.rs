@@ -10,6 +10,8 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
 use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::locks;
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
@@ -140,9 +142,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
     }
 
     fn lock(&self) -> MutexGuard<'_, State<K>> {
-        // A panic while holding this lock leaves the queue's sets consistent
-        // (each operation is a few set updates), so a poisoned lock is still usable.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        locks::lock(&self.state)
     }
 
     /// Queues `key`; `received` is when the watch event that calls for it

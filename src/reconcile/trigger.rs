@@ -9,6 +9,7 @@ use std::sync::Mutex;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::desired::PodInfo;
+use crate::locks::lock;
 use hardened_watcher::ObjectKey;
 
 #[derive(Default)]
@@ -30,7 +31,7 @@ impl TriggerTimes {
         service_created: Option<Timestamp>,
         pods: &[&PodInfo],
     ) -> Option<Timestamp> {
-        let mut states = self.states.lock().unwrap_or_else(|e| e.into_inner());
+        let mut states = lock(&self.states);
         let previous = states.remove(key);
         let first_sync = previous.is_none();
         let mut previous = previous.unwrap_or_default();
@@ -73,10 +74,7 @@ impl TriggerTimes {
     }
 
     pub fn forget(&self, key: &ObjectKey) {
-        self.states
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(key);
+        lock(&self.states).remove(key);
     }
 }
 

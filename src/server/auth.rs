@@ -18,6 +18,7 @@ use kube::{Api, Client};
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
+use crate::locks::lock;
 
 /// How long an answer (allowed, forbidden or unauthenticated) is reused.
 pub const CACHE_TTL: Duration = Duration::from_secs(10);
@@ -75,15 +76,13 @@ impl Authorizer {
     }
 
     fn cached(&self, token: &str) -> Option<Decision> {
-        let cache = self.cache.lock().ok()?;
+        let cache = lock(&self.cache);
         let (decision, at) = cache.get(token)?;
         (at.elapsed() < self.ttl).then(|| decision.clone())
     }
 
     fn remember(&self, token: &str, decision: Decision) {
-        let Ok(mut cache) = self.cache.lock() else {
-            return;
-        };
+        let mut cache = lock(&self.cache);
         if cache.len() >= CACHE_MAX {
             cache.retain(|_, (_, at)| at.elapsed() < self.ttl);
             if cache.len() >= CACHE_MAX {

@@ -15,6 +15,7 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::sync::watch;
 
 use crate::error::{Error, Result};
+use crate::locks;
 
 /// How often mounted certificate files are read for a change (a Secret's
 /// mount changes within about a minute of the Secret).
@@ -40,20 +41,18 @@ pub struct Reloading {
 }
 
 impl Reloading {
-    fn get(&self) -> Option<Arc<CertifiedKey>> {
-        self.current.read().ok().map(|key| key.clone())
+    fn get(&self) -> Arc<CertifiedKey> {
+        locks::read(&self.current).clone()
     }
 
     fn set(&self, key: CertifiedKey) {
-        if let Ok(mut current) = self.current.write() {
-            *current = Arc::new(key);
-        }
+        *locks::write(&self.current) = Arc::new(key);
     }
 }
 
 impl ResolvesServerCert for Reloading {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        self.get()
+        Some(self.get())
     }
 }
 
@@ -147,9 +146,19 @@ pub fn load(
                 _ = shutdown.changed() => break,
                 _ = tick.tick() => {}
             }
-            let Ok((new_cert, new_key)) = read_pair(&cert, &key) else {
-                tracing::warn!(cert = %cert.display(), "metrics TLS: cannot read the certificate files; keeping the loaded certificate");
-                continue;
+            // Off the runtime's threads: a mount can be slow to read.
+            let paths = (cert.clone(), key.clone());
+            let read = tokio::task::spawn_blocking(move || read_pair(&paths.0, &paths.1)).await;
+            let (new_cert, new_key) = match read {
+                Ok(Ok(pair)) => pair,
+                Ok(Err(err)) => {
+                    tracing::warn!(error = %err, "metrics TLS: cannot read the certificate files; keeping the loaded certificate");
+                    continue;
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, "metrics TLS: the certificate read did not finish; keeping the loaded certificate");
+                    continue;
+                }
             };
             if new_cert == cert_pem && new_key == key_pem {
                 continue;
@@ -221,7 +230,7 @@ mod tests {
         let period = Duration::from_millis(20);
         let (resolver, reload) = load(&source, period, rx).expect("load");
         server_config(resolver.clone()).expect("config");
-        let current = |r: &Arc<Reloading>| r.get().map(|k| k.cert[0].clone());
+        let current = |r: &Arc<Reloading>| Some(r.get().cert[0].clone());
         assert_eq!(current(&resolver), Some(first.clone()));
         tokio::spawn(reload.expect("a reload task for files"));
         let second = write(vec!["second.example".into()]);
