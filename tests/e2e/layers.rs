@@ -14,7 +14,7 @@ use eg_harness::binaries::workspace_root;
 
 /// Bottom first: a module may use those on its own line or above it.
 const LAYERS: &[&[&str]] = &[
-    &["settings", "error", "shutdown", "ratelimit"],
+    &["settings", "error", "shutdown", "ratelimit", "locks"],
     &["desired"],
     &["wire", "metrics"],
     &["leader", "server"],
