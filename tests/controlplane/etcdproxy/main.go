@@ -12,7 +12,11 @@
 //	               drop matching events (count 0: until cleared); returns
 //	               the rule with its id
 //	DELETE /drop   forget every rule
-//	GET    /stats  {"forwarded_events": n, "dropped_events": n, "rules": [...]}
+//	POST   /hold   hold every Watch response from then on: kube-apiserver's
+//	               watches of etcd stall (as on a member cut off from the
+//	               others, etcd#17611) while its reads and writes go on
+//	DELETE /hold   pass the held responses on, in order, and stop holding
+//	GET    /stats  {"forwarded_events": n, "dropped_events": n, "held": bool, "rules": [...]}
 package main
 
 import (
@@ -95,8 +99,10 @@ func (r *rule) matches(ev *mvccpb.Event) bool {
 }
 
 type faults struct {
-	mu        sync.Mutex
-	rules     []*rule
+	mu    sync.Mutex
+	rules []*rule
+	// hold is open while Watch responses are held: closed on release.
+	hold      chan struct{}
 	nextID    int
 	forwarded int
 	dropped   int
@@ -152,6 +158,14 @@ func (f *faults) drop(ev *mvccpb.Event) bool {
 	return false
 }
 
+// holding returns the channel to wait on while Watch responses are held,
+// nil when they are not.
+func (f *faults) holding() chan struct{} {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.hold
+}
+
 type proxy struct {
 	upstream *grpc.ClientConn
 	faults   *faults
@@ -201,6 +215,13 @@ func (p *proxy) handle(_ any, down grpc.ServerStream) error {
 			return err
 		}
 		if method == watchMethod {
+			if hold := p.faults.holding(); hold != nil {
+				select {
+				case <-hold:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
 			payload, err := p.faults.filter(f.payload)
 			if err != nil {
 				return err
@@ -237,11 +258,27 @@ func (f *faults) serveControl(w http.ResponseWriter, r *http.Request) {
 		f.rules = nil
 		f.mu.Unlock()
 		_, _ = w.Write([]byte("{}\n"))
+	case r.URL.Path == "/hold" && r.Method == http.MethodPost:
+		f.mu.Lock()
+		if f.hold == nil {
+			f.hold = make(chan struct{})
+		}
+		f.mu.Unlock()
+		_, _ = w.Write([]byte("{}\n"))
+	case r.URL.Path == "/hold" && r.Method == http.MethodDelete:
+		f.mu.Lock()
+		if f.hold != nil {
+			close(f.hold)
+			f.hold = nil
+		}
+		f.mu.Unlock()
+		_, _ = w.Write([]byte("{}\n"))
 	case r.URL.Path == "/stats" && r.Method == http.MethodGet:
 		f.mu.Lock()
 		stats := map[string]any{
 			"forwarded_events": f.forwarded,
 			"dropped_events":   f.dropped,
+			"held":             f.hold != nil,
 			"rules":            f.rules,
 		}
 		_ = json.NewEncoder(w).Encode(stats)

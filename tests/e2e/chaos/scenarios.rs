@@ -125,6 +125,25 @@ pub async fn scenario(name: &str, env: &mut Env) -> Result<(Instant, Expected)> 
                 expected.service("a", &["10.1.0.1", "10.1.0.2", "10.1.0.3"]),
             ))
         }
+        // Two kube-apiservers behind the load balancer, and the first one's
+        // watches of etcd stall (a member cut off from the others while it
+        // serves them, etcd#17611): its watch cache stops at one revision
+        // while the second's goes on, and every client meets both (the
+        // "Too large resource version" class, kubernetes#91073).
+        "apiserver-watch-stalled" => {
+            env.service_with_pod("a", "10.1.0.1").await?;
+            env.pod("a-1", "a", "10.1.0.2", true).await?;
+            env.settle(&Expected::default().service("a", &["10.1.0.1", "10.1.0.2"]))
+                .await?;
+            let fault = Instant::now();
+            env.cp.etcd_hold_watches(true).await?;
+            env.cp.force_delete_pod(NS, "a-1").await?;
+            env.pod("a-2", "a", "10.1.0.3", true).await?;
+            Ok((
+                fault,
+                Expected::default().service("a", &["10.1.0.1", "10.1.0.3"]),
+            ))
+        }
         // The pod watches go half-open: open, silent, bookmarks included,
         // as behind a load balancer whose far side is gone, while a pod goes
         // and another comes. Nothing but the silence tells.
@@ -366,6 +385,10 @@ pub fn note(name: &str) -> (&'static str, &'static str) {
         "slices/node-delete-replayed" => (
             "the endpoints of every pod on the Node leave the slices, and stay out: the Node never changes again",
             "the replayed DELETE did not reach upstream's Node watch",
+        ),
+        "apiserver-watch-stalled" | "slices/apiserver-watch-stalled" => (
+            "its watches stayed on the kube-apiserver whose cache had stopped: the changes never reach it",
+            "its watches went to the kube-apiserver whose cache went on",
         ),
         "half-open-pod-watch" | "slices/half-open-pod-watch" => (
             "the pod changes made after the watch went silent never reach it: nothing on its side ends the watch",

@@ -233,6 +233,16 @@ impl ControlPlane {
         http_json(proxy.control_port, "DELETE", "/drop", None).await
     }
 
+    /// Holds (`true`) or releases every response of kube-apiserver's
+    /// watches of etcd: its watch cache stalls while its reads and writes
+    /// go on, as when the member serving its watch is cut off from the
+    /// others; released, the held responses arrive in order.
+    pub async fn etcd_hold_watches(&self, hold: bool) -> Result<Value> {
+        let proxy = self.fault_proxy()?;
+        let method = if hold { "POST" } else { "DELETE" };
+        http_json(proxy.control_port, method, "/hold", None).await
+    }
+
     /// How many watch events etcd-fault-proxy dropped so far.
     pub async fn etcd_dropped_events(&self) -> Result<u64> {
         let proxy = self.fault_proxy()?;

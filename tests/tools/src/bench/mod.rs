@@ -101,6 +101,9 @@ pub struct BenchOptions {
     /// Extra kube-controller-manager flags (e.g. `--kube-api-qps=100`), for
     /// both of its runs.
     pub upstream_args: Vec<String>,
+    /// Extra kube-apiserver flags (e.g.
+    /// `--feature-gates=DetectCacheInconsistency=false`).
+    pub apiserver_args: Vec<String>,
     /// `--kube-api-qps` and `--kube-api-burst` of [`Controller::UpstreamFast`]
     /// (its default client limits are QPS 20, burst 30).
     pub fast_upstream_qps: u32,
@@ -138,6 +141,7 @@ impl BenchOptions {
             controllers: Controller::ALL.to_vec(),
             kinds: vec![Kind::Endpoints],
             upstream_args: Vec::new(),
+            apiserver_args: Vec::new(),
             fast_upstream_qps: 1000,
             setup_parallelism: 32,
             cold_sync_timeout: Duration::from_secs(1800),
@@ -332,6 +336,9 @@ impl Bench {
         }
         if let Some(interval) = opts.etcd_compaction_interval {
             cp_opts = cp_opts.etcd_compaction_interval(interval);
+        }
+        for arg in &opts.apiserver_args {
+            cp_opts = cp_opts.apiserver_arg(arg.clone());
         }
         let guard = if opts.controllers.contains(&Controller::Guard) {
             let defaults = GuardDefaults::of_binary(&opts.guard_binary).await?;

@@ -37,7 +37,7 @@ fn usage() -> &'static str {
      [--churn-secs N] [--steady-secs N] \
      [--resync-secs N] [--out DIR] \
      [--only endpoints-guard|kube-controller-manager|kube-controller-manager-fast[,...]] \
-     [--upstream-arg FLAG]... [--guard-resync-secs N] [--ghost-scan-qps N] [--fast-qps N] [--repeat N] \
+     [--upstream-arg FLAG]... [--apiserver-arg FLAG]... [--guard-resync-secs N] [--ghost-scan-qps N] [--fast-qps N] [--repeat N] \
      [--ghost CONTROLLER[,...]|none] [--ghost-kind endpoints|endpointslices|both|none] \
      [--ghost-timeout-secs N] [--etcd-compaction-secs N] | eg-bench --render [--out DIR]"
 }
@@ -96,6 +96,7 @@ fn parse() -> Result<BenchOptions> {
             "--etcd-compaction-secs" => opts.etcd_compaction_interval = Some(secs(&value)?),
             "--out" => opts.out_dir = PathBuf::from(value),
             "--upstream-arg" => opts.upstream_args.push(value),
+            "--apiserver-arg" => opts.apiserver_args.push(value),
             "--ghost-scan-qps" => {
                 opts.ghost_scan_qps = Some(value.parse().context("--ghost-scan-qps")?)
             }
