@@ -119,6 +119,31 @@ pub async fn wait_endpoint_ips(
     .await
 }
 
+/// `write` until it succeeds, for up to 2 minutes (the first error after
+/// that): kube-apiserver answers 500 for a while when its etcd client must
+/// move off a stopped member, and a client tries again.
+pub async fn retried<F, Fut>(mut write: F) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = anyhow::Result<()>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        match write().await {
+            Ok(()) => return Ok(()),
+            Err(err) if Instant::now() > deadline => return Err(err),
+            Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    }
+}
+
+/// Whether `err` is the API's 409: the object exists (a retried create
+/// whose first try went through).
+pub fn already_exists(err: &anyhow::Error) -> bool {
+    err.downcast_ref::<kube::Error>()
+        .is_some_and(|e| matches!(e, kube::Error::Api(s) if s.code == 409))
+}
+
 /// Polls `check` every 200 ms until it returns `Some`, or fails after `timeout`
 /// with `what` and the last observation.
 pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> anyhow::Result<T>

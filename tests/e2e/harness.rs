@@ -521,8 +521,17 @@ async fn a_highly_available_control_plane() -> anyhow::Result<()> {
             _ => tokio::time::sleep(Duration::from_millis(500)).await,
         }
     };
-    cp.running_pod("web", "web-1", "web", "10.1.0.2", true)
-        .await?;
+    // kube-apiserver answers 500 until its etcd client has moved off the
+    // stopped member: the write is tried again, as a client would.
+    crate::common::retried(|| async {
+        let pod = eg_harness::PodBuilder::serving("web", "web-1", "web");
+        match cp.create_pod(pod).await {
+            Err(err) if crate::common::already_exists(&err) => Ok(()),
+            other => other.map(drop),
+        }
+    })
+    .await?;
+    crate::common::retried(|| cp.set_pod_ready("web", "web-1", "10.1.0.2", true)).await?;
     crate::common::wait_endpoint_ips(
         &cp,
         "web",

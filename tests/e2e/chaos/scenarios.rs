@@ -14,6 +14,7 @@ use serde_json::json;
 use super::NS;
 use super::env::Env;
 use super::store_faults::{self, Restore};
+use crate::common::{already_exists, retried};
 
 /// Sets up, applies the fault; returns when the fault began and the state the
 /// controller must reach.
@@ -232,13 +233,7 @@ pub async fn scenario(name: &str, env: &mut Env) -> Result<(Instant, Expected)> 
             retried(|| async {
                 let pod = PodBuilder::serving(NS, "a-2", "a");
                 match env.cp.create_pod(pod).await {
-                    Err(err)
-                        if err
-                            .downcast_ref::<kube::Error>()
-                            .is_some_and(|e| matches!(e, kube::Error::Api(s) if s.code == 409)) =>
-                    {
-                        Ok(())
-                    }
+                    Err(err) if already_exists(&err) => Ok(()),
                     other => other.map(drop),
                 }
             })
@@ -355,23 +350,6 @@ pub async fn scenario(name: &str, env: &mut Env) -> Result<(Instant, Expected)> 
         }
         "bare-404-on-get" => store_faults::bare_404_on_get(env).await,
         other => anyhow::bail!("no scenario {other}"),
-    }
-}
-
-/// `write` until it succeeds, for up to 2 minutes (the first error after
-/// that).
-async fn retried<F, Fut>(mut write: F) -> Result<()>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<()>>,
-{
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        match write().await {
-            Ok(()) => return Ok(()),
-            Err(err) if Instant::now() > deadline => return Err(err),
-            Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
-        }
     }
 }
 
