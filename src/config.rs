@@ -224,10 +224,13 @@ pub struct Config {
     #[arg(long, env = "EG_LEADER_ELECTION_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
     pub leader_election_lease_duration: Duration,
 
-    /// The leader renews this long before the Lease expires; it is also the
-    /// clock skew between replicas that is tolerated (whole seconds, shorter than
-    /// the lease duration).
-    #[arg(long, env = "EG_LEADER_ELECTION_RENEW_GRACE", default_value = "5s", value_parser = parse_duration)]
+    /// The leader renews this long before the Lease expires, and stops writing
+    /// once half of it is left without a renewal; that half is the clock skew
+    /// tolerated between replicas (whole seconds, shorter than the lease
+    /// duration). With the defaults: a renewal every 5 s, tried again until
+    /// 10 s after the last one went through (kube-controller-manager's renew
+    /// deadline), a replacement after 15 s.
+    #[arg(long, env = "EG_LEADER_ELECTION_RENEW_GRACE", default_value = "10s", value_parser = parse_duration)]
     pub leader_election_renew_grace: Duration,
 
     /// Without a subcommand, the controller runs.

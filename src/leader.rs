@@ -307,10 +307,11 @@ async fn elect(
 }
 
 /// Reads the Lease; on failure keeps what was known, whose validity then runs
-/// out by itself.
+/// out by itself. A read may wait up to half the grace (at least 1 s): one
+/// queued by the API server's priority and fairness is slow, not lost.
 async fn refresh(leases: &Api<Lease>, s: &Settings, previous: Observed) -> Observed {
     match tokio::time::timeout(
-        s.poll_interval().max(Duration::from_secs(1)),
+        (s.renew_grace / 2).max(Duration::from_secs(1)),
         leases.get_opt(&s.lease_name),
     )
     .await
