@@ -172,7 +172,9 @@ where
     /// closes it and the watcher resumes from the highest resourceVersion
     /// (default 290 s), in whole seconds, at least one (the API takes
     /// seconds, and 0 would mean the server's own default). A stream silent
-    /// for 30 s longer counts as dead.
+    /// for 150 s counts as dead (kube-apiserver sends a bookmark a minute);
+    /// one silent for the timeout and 30 s more, once two watches in a row
+    /// went silent without the server ever having sent a bookmark.
     pub fn watch_timeout(mut self, timeout: Duration) -> Self {
         self.config.watch_timeout_secs =
             u32::try_from(timeout.as_secs()).map_or(u32::MAX, |secs| secs.max(1));
