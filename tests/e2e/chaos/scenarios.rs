@@ -132,37 +132,21 @@ pub async fn scenario(name: &str, env: &mut Env) -> Result<(Instant, Expected)> 
         // while the second's goes on, and every client meets both (the
         // "Too large resource version" class, kubernetes#91073).
         "apiserver-watch-stalled" => {
-            env.service_with_pod("a", "10.1.0.1").await?;
-            env.pod("a-1", "a", "10.1.0.2", true).await?;
-            env.settle(&Expected::default().service("a", &["10.1.0.1", "10.1.0.2"]))
-                .await?;
+            service_with_two_pods(env).await?;
             let fault = Instant::now();
             env.cp.etcd_hold_watches(true).await?;
-            env.cp.force_delete_pod(NS, "a-1").await?;
-            env.pod("a-2", "a", "10.1.0.3", true).await?;
-            Ok((
-                fault,
-                Expected::default().service("a", &["10.1.0.1", "10.1.0.3"]),
-            ))
+            Ok((fault, replace_second_pod(env).await?))
         }
         // The pod watches go half-open: open, silent, bookmarks included,
         // as behind a load balancer whose far side is gone, while a pod goes
         // and another comes. Nothing but the silence tells.
         "half-open-pod-watch" => {
-            env.service_with_pod("a", "10.1.0.1").await?;
-            env.pod("a-1", "a", "10.1.0.2", true).await?;
-            env.settle(&Expected::default().service("a", &["10.1.0.1", "10.1.0.2"]))
-                .await?;
+            service_with_two_pods(env).await?;
             let fault = Instant::now();
             env.proxy
                 .post("/actions/silence-streams", json!({"resource": "pods"}))
                 .await?;
-            env.cp.force_delete_pod(NS, "a-1").await?;
-            env.pod("a-2", "a", "10.1.0.3", true).await?;
-            Ok((
-                fault,
-                Expected::default().service("a", &["10.1.0.1", "10.1.0.3"]),
-            ))
+            Ok((fault, replace_second_pod(env).await?))
         }
         // Node events lost: the Node watch goes half-open, then a Node is
         // added and a ready pod starts on it. A controller that knows only
@@ -215,10 +199,7 @@ pub async fn scenario(name: &str, env: &mut Env) -> Result<(Instant, Expected)> 
         // etcd leader stalls (SIGSTOP) for 10 s while a pod comes and another
         // goes, then resumes.
         "etcd-leader-stopped" => {
-            env.service_with_pod("a", "10.1.0.1").await?;
-            env.pod("a-1", "a", "10.1.0.2", true).await?;
-            env.settle(&Expected::default().service("a", &["10.1.0.1", "10.1.0.2"]))
-                .await?;
+            service_with_two_pods(env).await?;
             let leader = env.cp.etcd_leader().await?;
             let fault = Instant::now();
             env.cp.pause_etcd_member(leader, true)?;
@@ -259,10 +240,7 @@ pub async fn scenario(name: &str, env: &mut Env) -> Result<(Instant, Expected)> 
             Ok((fault, expected.absent("x")))
         }
         "lost-pod-delete" => {
-            env.service_with_pod("a", "10.1.0.1").await?;
-            env.pod("a-1", "a", "10.1.0.2", true).await?;
-            env.settle(&Expected::default().service("a", &["10.1.0.1", "10.1.0.2"]))
-                .await?;
+            service_with_two_pods(env).await?;
             env.proxy.fault("pods", "drop-deletes", json!({})).await?;
             let fault = Instant::now();
             env.cp.force_delete_pod(NS, "a-1").await?;
@@ -351,6 +329,22 @@ pub async fn scenario(name: &str, env: &mut Env) -> Result<(Instant, Expected)> 
         "bare-404-on-get" => store_faults::bare_404_on_get(env).await,
         other => anyhow::bail!("no scenario {other}"),
     }
+}
+
+/// Service `a` with ready pods `a-0` and `a-1`, published.
+async fn service_with_two_pods(env: &Env) -> Result<()> {
+    env.service_with_pod("a", "10.1.0.1").await?;
+    env.pod("a-1", "a", "10.1.0.2", true).await?;
+    env.settle(&Expected::default().service("a", &["10.1.0.1", "10.1.0.2"]))
+        .await
+}
+
+/// `a-1` force-deleted and `a-2` started: the changes a fault must not
+/// lose, and what must then be published.
+async fn replace_second_pod(env: &Env) -> Result<Expected> {
+    env.cp.force_delete_pod(NS, "a-1").await?;
+    env.pod("a-2", "a", "10.1.0.3", true).await?;
+    Ok(Expected::default().service("a", &["10.1.0.1", "10.1.0.3"]))
 }
 
 /// How a scenario hurts upstream when it does, and why it may not.
