@@ -71,6 +71,15 @@ fn parse<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, Reject> {
     serde_json::from_slice(bytes).map_err(|e| bad_request(format!("bad JSON body: {e}")))
 }
 
+/// A body that may name a resource; empty: every resource.
+fn optional_resource(body: &[u8]) -> Result<ResourceRef, Reject> {
+    if body.is_empty() {
+        Ok(ResourceRef::default())
+    } else {
+        parse(body)
+    }
+}
+
 /// Answers one control request.
 pub async fn handle(
     proxy: Arc<Proxy>,
@@ -144,20 +153,12 @@ async fn route(
             Ok(ok(json!({"ok": true, "open_watch_streams": streams})))
         }
         ("POST", "/actions/cut-streams") => {
-            let target: ResourceRef = if body.is_empty() {
-                ResourceRef::default()
-            } else {
-                parse(body)?
-            };
+            let target = optional_resource(body)?;
             let streams = proxy.cut_streams(target.resource.as_deref());
             Ok(ok(json!({"ok": true, "open_watch_streams": streams})))
         }
         ("POST", "/actions/silence-streams") => {
-            let target: ResourceRef = if body.is_empty() {
-                ResourceRef::default()
-            } else {
-                parse(body)?
-            };
+            let target = optional_resource(body)?;
             let streams = proxy.silence_streams(target.resource.as_deref());
             Ok(ok(json!({"ok": true, "open_watch_streams": streams})))
         }

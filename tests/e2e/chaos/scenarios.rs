@@ -76,10 +76,7 @@ pub async fn scenario(name: &str, env: &mut Env) -> Result<(Instant, Expected)> 
         // (its old RV), then the pod history replayed from that RV, which
         // holds no later version of a-0.
         "failure-a-old-delete-of-live-pod" => {
-            env.service_with_pod("a", "10.1.0.1").await?;
-            env.pod("a-1", "a", "10.1.0.2", true).await?;
-            let expected = Expected::default().service("a", &["10.1.0.1", "10.1.0.2"]);
-            env.settle(&expected).await?;
+            let expected = service_with_two_pods(env).await?;
             let fault = Instant::now();
             env.proxy
                 .post(
@@ -108,10 +105,7 @@ pub async fn scenario(name: &str, env: &mut Env) -> Result<(Instant, Expected)> 
         // missing from its cache (kubernetes#107927), and a Node that does
         // not change (here: no kubelet) never comes back to it.
         "node-delete-replayed" => {
-            env.service_with_pod("a", "10.1.0.1").await?;
-            env.pod("a-1", "a", "10.1.0.2", true).await?;
-            let expected = Expected::default().service("a", &["10.1.0.1", "10.1.0.2"]);
-            env.settle(&expected).await?;
+            let expected = service_with_two_pods(env).await?;
             let fault = Instant::now();
             env.proxy
                 .post(
@@ -180,10 +174,7 @@ pub async fn scenario(name: &str, env: &mut Env) -> Result<(Instant, Expected)> 
         // not-ready write as still to come, and the ready state as already
         // there (kubernetes#125638 and its family).
         "ready-flip-own-writes-lagging" => {
-            env.service_with_pod("a", "10.1.0.1").await?;
-            env.pod("a-1", "a", "10.1.0.2", true).await?;
-            let expected = Expected::default().service("a", &["10.1.0.1", "10.1.0.2"]);
-            env.settle(&expected).await?;
+            let expected = service_with_two_pods(env).await?;
             for resource in ["endpoints", "endpointslices"] {
                 env.proxy
                     .fault(resource, "watch-lag", json!({"delay_ms": 3000}))
@@ -331,12 +322,14 @@ pub async fn scenario(name: &str, env: &mut Env) -> Result<(Instant, Expected)> 
     }
 }
 
-/// Service `a` with ready pods `a-0` and `a-1`, published.
-async fn service_with_two_pods(env: &Env) -> Result<()> {
+/// Service `a` with ready pods `a-0` and `a-1`, published; returns that
+/// state.
+async fn service_with_two_pods(env: &Env) -> Result<Expected> {
     env.service_with_pod("a", "10.1.0.1").await?;
     env.pod("a-1", "a", "10.1.0.2", true).await?;
-    env.settle(&Expected::default().service("a", &["10.1.0.1", "10.1.0.2"]))
-        .await
+    let expected = Expected::default().service("a", &["10.1.0.1", "10.1.0.2"]);
+    env.settle(&expected).await?;
+    Ok(expected)
 }
 
 /// `a-1` force-deleted and `a-2` started: the changes a fault must not
