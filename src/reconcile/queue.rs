@@ -3,6 +3,11 @@
 //! second worker, and an add during processing requeues it when the worker is done;
 //! failed keys come back after a per-key exponential backoff.
 //!
+//! Delayed keys (retries, waits for a grace period) are entries of the queue,
+//! not sleeping tasks: a key waits at most once, at the earliest instant asked
+//! for, and an add before then takes it out of waiting (as kube-runtime's
+//! scheduler de-duplicates). Idle workers sleep until the earliest of them.
+//!
 //! Each key also carries when the earliest watch event it has not yet served
 //! arrived, so the worker can measure how long that event waited inside the
 //! process before its write went out (`event_to_write_seconds`).
@@ -33,8 +38,16 @@ struct State<K> {
     /// earliest has waited the longest, so keeping a later one would hide the
     /// time the key sat queued (or was re-dirtied while being processed).
     received: HashMap<K, Instant>,
+    /// Keys waiting to be added: when, and the earliest unserved event.
+    delayed: HashMap<K, Delayed>,
     max_retries: u32,
     shutting_down: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Delayed {
+    due: Instant,
+    received: Option<Instant>,
 }
 
 /// A key handed to a worker, with the arrival of the earliest watch event it
@@ -55,6 +68,7 @@ impl<K: Clone + Eq + Hash> State<K> {
             processing: HashSet::new(),
             failures: HashMap::new(),
             received: HashMap::new(),
+            delayed: HashMap::new(),
             max_retries,
             shutting_down: false,
         }
@@ -66,7 +80,9 @@ impl<K: Clone + Eq + Hash> State<K> {
         if self.shutting_down {
             return false;
         }
-        if let Some(at) = received {
+        // Added now: a wait for a later instant is over.
+        let waited = self.delayed.remove(&key).and_then(|d| d.received);
+        for at in received.into_iter().chain(waited) {
             self.received
                 .entry(key.clone())
                 .and_modify(|earliest| *earliest = (*earliest).min(at))
@@ -81,6 +97,42 @@ impl<K: Clone + Eq + Hash> State<K> {
         }
         self.queue.push_back(key);
         true
+    }
+
+    /// Adds `key` at `due` unless it already waits for an earlier instant;
+    /// `received` as for [`State::add`], kept until then.
+    fn add_at(&mut self, key: K, due: Instant, received: Option<Instant>) {
+        if self.shutting_down {
+            return;
+        }
+        let entry = self.delayed.entry(key).or_insert(Delayed { due, received });
+        entry.due = entry.due.min(due);
+        entry.received = match (entry.received, received) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+
+    /// Adds every delayed key due at `now`; true when one became available.
+    fn add_due(&mut self, now: Instant) -> bool {
+        let due: Vec<K> = self
+            .delayed
+            .iter()
+            .filter(|(_, d)| d.due <= now)
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut available = false;
+        for key in due {
+            if let Some(delayed) = self.delayed.remove(&key) {
+                available |= self.add(key, delayed.received);
+            }
+        }
+        available
+    }
+
+    /// When the earliest delayed key is due.
+    fn next_due(&self) -> Option<Instant> {
+        self.delayed.values().map(|d| d.due).min()
     }
 
     /// The next key; the events recorded for it until now are the ones the
@@ -160,11 +212,12 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
             let notified = self.ready.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            {
+            let next_due = {
                 let mut state = self.lock();
                 if state.shutting_down {
                     return None;
                 }
+                state.add_due(Instant::now());
                 if let Some(key) = state.take() {
                     // More keys may be waiting for other workers.
                     if !state.queue.is_empty() {
@@ -172,8 +225,18 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
                     }
                     return Some(key);
                 }
+                state.next_due()
+            };
+            match next_due {
+                Some(due) => {
+                    let sleep = tokio::time::sleep_until(tokio::time::Instant::from_std(due));
+                    tokio::select! {
+                        () = &mut notified => {}
+                        () = sleep => {}
+                    }
+                }
+                None => notified.await,
             }
-            notified.await;
         }
     }
 
@@ -192,26 +255,24 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
     /// `received` is what the failed reconcile was handed: the events it did
     /// not manage to serve are still waiting, and the retry's write is
     /// measured from them.
-    pub fn retry(self: &Arc<Self>, key: K, received: Option<Instant>) -> Retry {
-        let Some(delay) = self.lock().next_retry(&key) else {
+    pub fn retry(&self, key: K, received: Option<Instant>) -> Retry {
+        let mut state = self.lock();
+        let Some(delay) = state.next_retry(&key) else {
             return Retry::GaveUp;
         };
-        let queue = Arc::clone(self);
-        tokio::spawn(async move {
-            tokio::time::sleep(delay).await;
-            queue.add(key, received);
-        });
+        state.add_at(key, Instant::now() + delay, received);
+        drop(state);
+        // An idle worker sleeps until the earliest delayed key.
+        self.ready.notify_one();
         Retry::After(delay)
     }
 
     /// Queues `key` after `delay` (a reconcile that waits for something
     /// no watch event announces, such as the end of a grace period).
-    pub fn add_after(self: &Arc<Self>, key: K, delay: Duration) {
-        let queue = Arc::clone(self);
-        tokio::spawn(async move {
-            tokio::time::sleep(delay).await;
-            queue.add(key, None);
-        });
+    /// Asked again while it waits, the earliest instant stands.
+    pub fn add_after(&self, key: K, delay: Duration) {
+        self.lock().add_at(key, Instant::now() + delay, None);
+        self.ready.notify_one();
     }
 
     pub fn len(&self) -> usize {
@@ -336,6 +397,46 @@ mod tests {
     }
 
     #[test]
+    fn a_delayed_key_waits_once_for_the_earliest_instant() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let mut s = State::new(MAX_RETRIES);
+        s.add_at("a", at(100), None);
+        s.add_at("a", at(50), Some(at(3)));
+        s.add_at("a", at(200), Some(at(1)));
+        assert_eq!(s.delayed.len(), 1);
+        assert_eq!(s.next_due(), Some(at(50)));
+        assert!(!s.add_due(at(49)));
+        assert_eq!(key(s.take()), None);
+        assert!(s.add_due(at(50)));
+        assert_eq!(
+            s.take(),
+            Some(Taken {
+                key: "a",
+                received: Some(at(1))
+            })
+        );
+        assert_eq!(s.next_due(), None);
+    }
+
+    #[test]
+    fn an_add_ends_the_wait_and_keeps_its_events() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let mut s = State::new(MAX_RETRIES);
+        s.add_at("a", at(100), Some(at(1)));
+        s.add("a", Some(at(2)));
+        assert_eq!(s.next_due(), None, "no second run at the old instant");
+        assert_eq!(
+            s.take(),
+            Some(Taken {
+                key: "a",
+                received: Some(at(1))
+            })
+        );
+    }
+
+    #[test]
     fn backoff_doubles_from_5ms_and_gives_up_after_15() {
         let mut s: State<&str> = State::new(MAX_RETRIES);
         let delays: Vec<_> = (0..MAX_RETRIES).map(|_| s.next_retry(&"a")).collect();
@@ -375,6 +476,24 @@ mod tests {
         assert_eq!(seen, vec![1, 2, 3]);
         q.shutdown();
         assert_eq!(q.next().await, None);
+    }
+
+    #[tokio::test]
+    async fn an_idle_worker_wakes_for_a_key_added_after_a_delay() {
+        let q: Arc<WorkQueue<&str>> = WorkQueue::new(MAX_RETRIES);
+        let worker = {
+            let q = q.clone();
+            tokio::spawn(async move { q.next().await.map(|t| t.key) })
+        };
+        tokio::task::yield_now().await;
+        q.add_after("a", Duration::from_millis(20));
+        q.add_after("a", Duration::from_millis(10));
+        let taken = tokio::time::timeout(Duration::from_secs(5), worker)
+            .await
+            .expect("woken when the key was due")
+            .expect("worker task");
+        assert_eq!(taken, Some("a"));
+        assert!(q.lock().delayed.is_empty());
     }
 
     #[tokio::test]

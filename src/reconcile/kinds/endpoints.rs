@@ -181,9 +181,21 @@ fn writes_endpoints(ctx: &Context, svc: &CachedService) -> bool {
     matches!(svc.handling(ctx.scope), Handling::Managed(m) if m.endpoints == EndpointsRole::Write)
 }
 
+/// How many deletion checks read the API at once: a namespace deletion
+/// removes thousands of Endpoints within a second, and each check waits for
+/// its turn rather than adding to the burst.
+static DELETION_CHECKS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(8);
+
 /// Counts a deletion of the Endpoints of a Service that exists and has them
 /// written by a controller: upstream's (it has a selector) or ours.
 async fn check_deletion_was_spurious(ctx: &Context, key: ObjectKey) {
+    let _turn = match DELETION_CHECKS.acquire().await {
+        Ok(turn) => turn,
+        Err(err) => {
+            warn!(%key, error = %err, "could not check whether an Endpoints deletion was spurious");
+            return;
+        }
+    };
     match live::get::<Service>(&ctx.client, &(), &key).await {
         Ok(LiveRead::Found(svc)) => {
             let svc = CachedService::new(svc);
