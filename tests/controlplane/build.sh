@@ -8,7 +8,8 @@
 # etcd release that Kubernetes release ships with, from etcd/<release>/; and,
 # the same for every release, helm, prometheus and promtool, and
 # etcd-fault-proxy (our own gRPC proxy between kube-apiserver and etcd that can
-# drop watch events).
+# drop watch events) and etcd-peer-proxy (our own proxy of the raft traffic
+# between etcd members that can partition one).
 #
 # Reuse, in this order:
 #   1. EG_KUBE_APISERVER / EG_KUBE_CONTROLLER_MANAGER / EG_ETCD / EG_ETCDUTL /
@@ -46,6 +47,7 @@ programs=(
   "etcd etcd/$kube_minor go.etcd.io/etcd/server/v3"
   "etcdutl etcd/$kube_minor go.etcd.io/etcd/etcdutl/v3"
   "etcd-fault-proxy etcdproxy endpoints-guard.local/controlplane/etcdproxy"
+  "etcd-peer-proxy peerproxy endpoints-guard.local/controlplane/peerproxy"
   "helm helm helm.sh/helm/v4/cmd/helm"
   "prometheus prometheus github.com/prometheus/prometheus/cmd/prometheus"
   "promtool prometheus github.com/prometheus/prometheus/cmd/promtool"

@@ -41,7 +41,7 @@ const FAST: [&str; 3] = [
 /// controllers talk to that one (docs/ghosts.md).
 const TWO_API_SERVERS: &str = "watch-cache-lost-pod-delete-two-apiservers";
 
-const FULL: [&str; 32] = [
+const FULL: [&str; 34] = [
     "failure-a-delete-oldest-service",
     "failure-a-old-delete-of-live-service",
     "failure-b-compaction-and-prevkv-nil",
@@ -68,6 +68,8 @@ const FULL: [&str; 32] = [
     "slices/node-added-unseen",
     "etcd-leader-stopped",
     "slices/etcd-leader-stopped",
+    "etcd-member-partitioned",
+    "slices/etcd-member-partitioned",
     "apiserver-watch-stalled",
     "slices/apiserver-watch-stalled",
     "half-open-pod-watch",
@@ -83,7 +85,7 @@ fn window(row: &str, default: Duration) -> Duration {
         "etcd-restore-plain" | "etcd-restore-bump-revision" => Duration::from_secs(60),
         // kube-apiserver's own writes may fail for a minute or more while its
         // etcd client gives up on the stalled member.
-        "etcd-leader-stopped" => Duration::from_secs(240),
+        "etcd-leader-stopped" | "etcd-member-partitioned" => Duration::from_secs(240),
         // The silence limit after the last bookmark (150 s), bookmarks a
         // minute apart, and a margin.
         "half-open-pod-watch" => Duration::from_secs(240),
@@ -149,7 +151,7 @@ fn chaos_only_picks_whole_names_alone_and_substrings_widely() {
         pick("watch-cache"),
         Ok(vec!["watch-cache-lost-pod-delete", TWO_API_SERVERS])
     );
-    assert_eq!(pick("slices/").map(|r| r.len()), Ok(13));
+    assert_eq!(pick("slices/").map(|r| r.len()), Ok(14));
     assert!(pick("etcd-restore,no-such-row").is_err());
 }
 
@@ -165,7 +167,7 @@ async fn run(row: &str, which: Which, window: Duration) -> Result<Row> {
     if name.starts_with("watch-cache-lost-pod-delete") {
         options = options.with_etcd_fault_proxy();
     }
-    if name == "etcd-leader-stopped" {
+    if name == "etcd-leader-stopped" || name == "etcd-member-partitioned" {
         options = ControlPlaneOptions::highly_available();
     }
     if name == "apiserver-watch-stalled" {
@@ -191,6 +193,11 @@ async fn run(row: &str, which: Which, window: Duration) -> Result<Row> {
         .unwrap_or_else(|| env.cp.client());
     env.observer = Some(Observer::start_for(&judge, NS, published));
     let (fault, expected) = scenario(name, &mut env).await?;
+    eprintln!(
+        "{row} / {}: the row's writes were done {:.1}s after the fault",
+        which.name(),
+        fault.elapsed().as_secs_f64()
+    );
     let expected = expected.read_from(published);
     let (converged, seconds, problem) =
         watch_convergence(&judge, NS, &expected, fault, window).await;

@@ -140,8 +140,19 @@ where
 /// Whether `err` is the API's 409: the object exists (a retried create
 /// whose first try went through).
 pub fn already_exists(err: &anyhow::Error) -> bool {
-    err.downcast_ref::<kube::Error>()
-        .is_some_and(|e| matches!(e, kube::Error::Api(s) if s.code == 409))
+    api_code(err) == Some(409)
+}
+
+/// Whether `err` is the API's 404: a delete tried again finds it done.
+pub fn not_found(err: &anyhow::Error) -> bool {
+    api_code(err) == Some(404)
+}
+
+fn api_code(err: &anyhow::Error) -> Option<u16> {
+    match err.downcast_ref::<kube::Error>() {
+        Some(kube::Error::Api(status)) => Some(status.code),
+        _ => None,
+    }
 }
 
 /// Polls `check` every 200 ms until it returns `Some`, or fails after `timeout`

@@ -485,7 +485,10 @@ async fn a_failing_apiserver_reports_its_log() {
 /// HAProxy, each serving, API Priority and Fairness on (every answer names
 /// the FlowSchema it matched); endpoints-guard through the load balancer
 /// publishes a pod; with the etcd leader stopped (SIGSTOP) another member
-/// leads, writes go on and are published; resumed, it rejoins.
+/// leads, writes go on and are published; resumed, it rejoins. Then the
+/// member serving kube-apiserver's watches is partitioned from the others:
+/// it answers but knows no leader, writes go on and are published; healed,
+/// it follows the leader again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_highly_available_control_plane() -> anyhow::Result<()> {
     let cp = ControlPlane::start(ControlPlaneOptions::highly_available()).await?;
@@ -546,6 +549,35 @@ async fn a_highly_available_control_plane() -> anyhow::Result<()> {
         anyhow::ensure!(
             Instant::now() < deadline,
             "the resumed member did not rejoin"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    let cut = cp.etcd_member_serving_watches().await?;
+    cp.partition_etcd_member(cut).await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cp.etcd_member_knows_a_leader(cut).await? {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "etcd member {cut} still knows a leader 30 s after its partition"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    crate::common::retried(|| cp.set_pod_ready("web", "web-1", "10.1.0.3", true)).await?;
+    crate::common::wait_endpoint_ips(
+        &cp,
+        "web",
+        "web",
+        &["10.1.0.1", "10.1.0.3"],
+        Duration::from_secs(60),
+    )
+    .await?;
+    cp.heal_etcd_partition().await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !cp.etcd_member_knows_a_leader(cut).await? {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "etcd member {cut} found no leader 30 s after the partition healed"
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }

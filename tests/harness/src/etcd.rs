@@ -12,21 +12,37 @@ use tokio::net::TcpStream;
 
 use crate::process::{Process, free_ports};
 
-/// Where an etcd listens: its client and peer ports on 127.0.0.1.
+/// Where an etcd listens: its client and peer ports on 127.0.0.1, and the
+/// peer port it advertises: its own, or etcd-peer-proxy's route to it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct EtcdPorts {
     pub client: u16,
     pub peer: u16,
+    pub advertised_peer: u16,
 }
 
 impl EtcdPorts {
-    pub fn free() -> Result<Self> {
-        let [client, peer] = free_ports()?;
-        Ok(Self { client, peer })
+    /// Free ports; `proxied` gives the advertised peer port one of its own.
+    pub fn free(proxied: bool) -> Result<Self> {
+        let [client, peer, route] = free_ports()?;
+        Ok(Self {
+            client,
+            peer,
+            advertised_peer: if proxied { route } else { peer },
+        })
     }
 
     pub fn peer_url(&self) -> String {
         format!("http://127.0.0.1:{}", self.peer)
+    }
+
+    pub fn advertised_peer_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.advertised_peer)
+    }
+
+    /// Whether the peers reach this member through etcd-peer-proxy.
+    pub fn proxied(&self) -> bool {
+        self.advertised_peer != self.peer
     }
 }
 
@@ -39,6 +55,7 @@ pub(crate) struct Member {
 
 impl Member {
     /// `count` members on free ports: `eg` alone, or `eg-0`, `eg-1`, ...
+    /// whose peers reach each other through etcd-peer-proxy.
     pub fn free(count: usize) -> Result<Vec<Member>> {
         (0..count.max(1))
             .map(|i| {
@@ -48,7 +65,7 @@ impl Member {
                     } else {
                         format!("eg-{i}")
                     },
-                    ports: EtcdPorts::free()?,
+                    ports: EtcdPorts::free(count > 1)?,
                 })
             })
             .collect()
@@ -67,7 +84,7 @@ impl Member {
 pub(crate) fn initial_cluster(members: &[Member]) -> String {
     members
         .iter()
-        .map(|m| format!("{}={}", m.name, m.ports.peer_url()))
+        .map(|m| format!("{}={}", m.name, m.ports.advertised_peer_url()))
         .collect::<Vec<_>>()
         .join(",")
 }
@@ -86,13 +103,14 @@ pub(crate) fn spawn(
 ) -> Result<Process> {
     let client_url = member.client_url();
     let peer_url = member.ports.peer_url();
+    let advertised_peer_url = member.ports.advertised_peer_url();
     let mut args = vec![
         format!("--name={}", member.name),
         format!("--data-dir={}", data_dir.display()),
         format!("--listen-client-urls={client_url}"),
         format!("--advertise-client-urls={client_url}"),
         format!("--listen-peer-urls={peer_url}"),
-        format!("--initial-advertise-peer-urls={peer_url}"),
+        format!("--initial-advertise-peer-urls={advertised_peer_url}"),
         format!("--initial-cluster={cluster}"),
         "--initial-cluster-state=new".to_string(),
         // --listen-metrics-urls stays unset: metrics are served on the client

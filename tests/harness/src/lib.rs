@@ -27,6 +27,7 @@ pub mod binaries;
 pub mod certs;
 mod etcd;
 mod etcd_admin;
+mod etcd_members;
 mod kubeconfig;
 pub mod loopback;
 mod objects;
@@ -83,7 +84,8 @@ pub struct ControlPlaneOptions {
     /// admission.
     pub bind_address: IpAddr,
     /// etcd members (1: one etcd, as before; 3 or 5: a cluster, every
-    /// kube-apiserver given all of them, as production runs).
+    /// kube-apiserver given all of them, as production runs, their raft
+    /// traffic through etcd-peer-proxy so a member can be partitioned).
     pub etcd_members: usize,
     /// kube-apiservers (2 or more: behind HAProxy, a TCP load balancer,
     /// and [`ControlPlane::client`] and the kubeconfig go through it).
@@ -176,6 +178,7 @@ pub struct ControlPlane {
     apiserver: Option<Process>,
     etcd: Option<Process>,
     etcd_proxy: Option<etcd_admin::FaultProxy>,
+    etcd_peer_proxy: Option<etcd_members::PeerProxy>,
     etcd_args: Vec<String>,
     etcd_ports: etcd::EtcdPorts,
     /// Every etcd member; the first is `etcd` (and `etcd_ports`), the others
@@ -257,6 +260,9 @@ impl ControlPlane {
 
         let etcd_members = etcd::Member::free(options.etcd_members)?;
         let etcd_ports = etcd_members[0].ports;
+        let etcd_peer_proxy =
+            etcd_members::PeerProxy::start(&log_dir, &etcd_members, options.startup_timeout)
+                .await?;
         let (etcd, etcd_others) =
             match start_etcd(&binaries, &root, &log_dir, &options, &etcd_members).await {
                 Ok(started) => started,
@@ -307,6 +313,7 @@ impl ControlPlane {
             apiserver: None,
             etcd: Some(etcd),
             etcd_proxy,
+            etcd_peer_proxy,
             etcd_args: options.etcd_args.clone(),
             etcd_ports,
             etcd_members,
@@ -410,60 +417,6 @@ impl ControlPlane {
     /// How many etcd members run (or are paused).
     pub fn etcd_member_count(&self) -> usize {
         self.etcd_members.len()
-    }
-
-    /// The index of the etcd member that leads, as the first member that
-    /// answers says (a paused member does not).
-    pub async fn etcd_leader(&self) -> Result<usize> {
-        let mut ids = Vec::new();
-        let mut leader = None;
-        for index in 0..self.etcd_members.len() {
-            match self.etcd_member_status(index).await {
-                Ok((id, lead)) => {
-                    leader.get_or_insert(lead);
-                    ids.push(Some(id));
-                }
-                Err(_) => ids.push(None),
-            }
-        }
-        let leader = leader.context("no etcd member answered")?;
-        ids.iter()
-            .position(|id| id.as_deref() == Some(leader.as_str()))
-            .with_context(|| format!("leader {leader} is none of the members {ids:?}"))
-    }
-
-    /// Member `index`'s id and the leader id it knows, within 2 s.
-    pub async fn etcd_member_status(&self, index: usize) -> Result<(String, String)> {
-        let member = self
-            .etcd_members
-            .get(index)
-            .with_context(|| format!("no etcd member {index}"))?;
-        tokio::time::timeout(
-            Duration::from_secs(2),
-            etcd::member_status(member.client_addr()),
-        )
-        .await
-        .with_context(|| format!("etcd member {index} did not answer within 2 s"))?
-    }
-
-    /// Stops (SIGSTOP) or resumes (SIGCONT) etcd member `index`: a member
-    /// that stalls without closing a connection, as a hung disk or a
-    /// scheduler freeze makes one.
-    pub fn pause_etcd_member(&self, index: usize, paused: bool) -> Result<()> {
-        let process = match index {
-            0 => self.etcd.as_ref(),
-            i => self.etcd_others.get(i - 1).and_then(Option::as_ref),
-        };
-        let pid = process
-            .and_then(Process::pid)
-            .with_context(|| format!("etcd member {index} is not running"))?;
-        let signal = if paused { "-STOP" } else { "-CONT" };
-        let status = std::process::Command::new("kill")
-            .args([signal, &pid.to_string()])
-            .status()
-            .context("running kill")?;
-        anyhow::ensure!(status.success(), "kill {signal} {pid}: {status}");
-        Ok(())
     }
 
     /// kube-apiserver's secure port.
