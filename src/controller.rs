@@ -107,10 +107,14 @@ pub async fn start(
         metrics.clone(),
         shutdown.clone(),
     )?;
+    let (events, event_publisher) = crate::reconcile::events::channel(
+        Recorder::new(client.clone(), reporter),
+        metrics.events_dropped.clone(),
+    );
     let ctx = Arc::new(Context {
         client: client.clone(),
         metrics: metrics.clone(),
-        recorder: Recorder::new(client.clone(), reporter),
+        events,
         mode: cfg.mode,
         stores: stores.clone(),
         endpoints: Work::new(cfg.max_retries),
@@ -127,6 +131,7 @@ pub async fn start(
     let (ready_tx, ready_rx) = signal::channel(false);
     let health = server::Health { ready: ready_rx };
     let mut tasks = JoinSet::new();
+    tasks.spawn(event_publisher.run());
     let (metrics_addr, secure_metrics_addr) = match cfg.secure_metrics_addr {
         None => {
             let (addr, serve) =

@@ -136,6 +136,7 @@ pub struct Metrics {
     pub queue_retries: IntCounterVec,
     pub queue_dropped: IntCounterVec,
     pub leader: IntGauge,
+    pub events_dropped: IntCounter,
     pub store_rewinds: IntCounterVec,
     pub ghosts_found: IntCounterVec,
     pub ghost_scan_reads: IntCounter,
@@ -372,6 +373,10 @@ impl Metrics {
                 ),
                 &["controller"],
             )?,
+            events_dropped: IntCounter::with_opts(opts(
+                "events_dropped_total",
+                "Kubernetes Events dropped because the publisher was behind (its queue of 256 full).",
+            ))?,
             leader: IntGauge::with_opts(opts(
                 "leader",
                 "1 while this instance holds the leader Lease and may write (always 1 without --leader-elect), else 0.",
@@ -502,6 +507,7 @@ impl Metrics {
         r.register(Box::new(self.queue_retries.clone()))?;
         r.register(Box::new(self.queue_dropped.clone()))?;
         r.register(Box::new(self.leader.clone()))?;
+        r.register(Box::new(self.events_dropped.clone()))?;
         r.register(Box::new(self.store_rewinds.clone()))?;
         r.register(Box::new(self.ghosts_found.clone()))?;
         r.register(Box::new(self.ghost_scan_reads.clone()))?;

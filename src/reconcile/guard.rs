@@ -295,13 +295,9 @@ async fn publish(
         action: action.into(),
         secondary: None,
     };
-    // Events are a report, not part of the reconcile: a failure to publish one is
-    // logged and the reconcile goes on.
-    if let Err(err) = ctx.recorder.publish(&event, regarding).await {
-        let namespace = regarding.namespace.as_deref().unwrap_or_default();
-        let name = regarding.name.as_deref().unwrap_or_default();
-        warn!(error = %err, reason, %namespace, %name, "could not publish a Kubernetes Event");
-    }
+    // Events are a report, not part of the reconcile: handed to the
+    // publisher, never waited for.
+    ctx.events.send(event, regarding.clone());
 }
 
 const MAX_NOTE_BYTES: usize = 1024;

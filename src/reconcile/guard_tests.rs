@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use hardened_watcher::testing::Reply;
 use hardened_watcher::{ObjectKey, WatchEventKind};
@@ -14,7 +15,7 @@ use super::decide::Read;
 use super::guard::{hold_unconfirmed_pod_deletions, read_service};
 use super::kinds::CachedService;
 use super::kinds::pod_target_refs;
-use super::testkit::{endpoints, pod, scripted, service};
+use super::testkit::{endpoints, event_posted, pod, scripted, service};
 use crate::desired::PodInfo;
 use crate::reconcile::Context;
 use crate::settings::Controller;
@@ -84,9 +85,7 @@ async fn a_service_found_is_restored_and_the_prevention_counted() {
         1.0
     );
     assert!(
-        peer.requests()
-            .iter()
-            .any(|r| r.starts_with("POST /apis/events.k8s.io")),
+        event_posted(&peer, Duration::from_secs(5)).await,
         "a Warning Event: {:?}",
         peer.requests()
     );

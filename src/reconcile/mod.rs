@@ -3,6 +3,7 @@
 //! apply), the deletion guard and the resync diff.
 
 pub mod decide;
+pub mod events;
 pub mod ghost_scan;
 pub mod guard;
 pub mod kinds;
@@ -24,8 +25,6 @@ pub mod testkit;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-use kube::runtime::events::Recorder;
 
 use crate::desired::scope::Scope;
 use crate::desired::{ManagedBy, PodInfo, Rules};
@@ -162,7 +161,8 @@ impl Work {
 pub struct Context {
     pub client: kube::Client,
     pub metrics: Arc<Metrics>,
-    pub recorder: Recorder,
+    /// Where Events go: published off the reconcile path.
+    pub events: events::EventSink,
     pub mode: Mode,
     pub stores: Stores,
     /// The Endpoints controller's queue and trigger times.

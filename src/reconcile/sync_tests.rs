@@ -3,13 +3,15 @@
 //! conflict, a terminating namespace, a refused write and a timeout.
 
 use super::kinds::CachedService;
+use std::time::Duration;
+
 use hardened_watcher::testing::{Reply, ScriptedApi};
 use hardened_watcher::{ObjectKey, WatchEventKind};
 use serde_json::json;
 
 use super::kinds::CachedEndpoints;
 use super::sync::reconcile;
-use super::testkit::{endpoints, pod, scripted, service, untimed};
+use super::testkit::{endpoints, event_posted, pod, scripted, service, untimed};
 use crate::reconcile::Context;
 
 const NS: &str = "ns";
@@ -149,7 +151,7 @@ async fn a_create_refused_for_a_terminating_namespace_is_dropped_quietly() {
         ["POST /api/v1/namespaces/ns/endpoints"]
     );
     assert!(
-        !peer.requests().iter().any(|r| r.contains("events.k8s.io")),
+        !event_posted(&peer, Duration::from_millis(300)).await,
         "no Warning Event for it"
     );
 }
@@ -165,7 +167,7 @@ async fn a_refused_or_timed_out_write_is_an_error_reported_as_an_event() {
         let result = reconcile(&ctx, &web(), &untimed(&ctx)).await;
         assert_eq!(result.err().map(|e| e.metric_label()), Some(label));
         assert!(
-            peer.requests().iter().any(|r| r.contains("events.k8s.io")),
+            event_posted(&peer, Duration::from_secs(5)).await,
             "{label}: a FailedToUpdateEndpoint Event: {:?}",
             peer.requests()
         );

@@ -16,17 +16,24 @@ use crate::metrics::Metrics;
 use crate::settings::{Controller, Mode};
 
 /// A context whose client talks to `client`'s server, in enforce mode, leading.
+/// Its Events are published when a runtime runs (as in async tests).
 pub fn context_with(client: kube::Client) -> Context {
+    let metrics = Arc::new(Metrics::new().unwrap_or_else(|err| panic!("metrics: {err}")));
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "test".into(),
+            instance: None,
+        },
+    );
+    let (events, publisher) = super::events::channel(recorder, metrics.events_dropped.clone());
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(publisher.run());
+    }
     Context {
-        recorder: Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "test".into(),
-                instance: None,
-            },
-        ),
+        events,
         client,
-        metrics: Arc::new(Metrics::new().unwrap_or_else(|err| panic!("metrics: {err}"))),
+        metrics,
         mode: Mode::Enforce,
         stores: Stores::new(),
         endpoints: Work::new(super::queue::MAX_RETRIES),
@@ -54,6 +61,28 @@ pub async fn scripted(
     peer.route("POST", "/apis/events.k8s.io", Reply::Body("{}".into()));
     let ctx = context_with(peer.client(std::time::Duration::from_secs(1)));
     (peer, ctx)
+}
+
+/// Whether an Event was posted to `peer` within `within`: Events are
+/// published off the reconcile path, after it returns.
+pub async fn event_posted(
+    peer: &hardened_watcher::testing::ScriptedApi,
+    within: std::time::Duration,
+) -> bool {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if peer
+            .requests()
+            .iter()
+            .any(|r| r.starts_with("POST /apis/events.k8s.io"))
+        {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }
 
 /// The timer of a reconcile no event caused: it records nothing.

@@ -115,7 +115,6 @@ impl ControlPlane {
         Ok(())
     }
 
-
     /// Whether etcd member `index` knows a leader (a member cut off from a
     /// quorum forgets it within an election timeout or two).
     pub async fn etcd_member_knows_a_leader(&self, index: usize) -> Result<bool> {
@@ -125,9 +124,9 @@ impl ControlPlane {
     }
 
     fn peer_proxy(&self) -> Result<&PeerProxy> {
-        self.etcd_peer_proxy
-            .as_ref()
-            .ok_or_else(|| anyhow!("this control plane has one etcd member: there is no peer to cut"))
+        self.etcd_peer_proxy.as_ref().ok_or_else(|| {
+            anyhow!("this control plane has one etcd member: there is no peer to cut")
+        })
     }
 
     /// Cuts etcd member `index` off from the others: its clients (kube-apiserver)
