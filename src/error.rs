@@ -171,7 +171,9 @@ mod tests {
                 action: "x",
                 source: kube::Error::TlsRequired,
             },
-            Error::Watch(hardened_watcher::WatchError::WatcherGone { resource: "pods" }),
+            Error::Watch(hardened_watcher::WatchError::WatcherGone {
+                resource: "pods".to_owned(),
+            }),
             Error::Decode {
                 what: "endpoints",
                 key: "k".into(),

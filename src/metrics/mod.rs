@@ -530,44 +530,44 @@ impl Metrics {
 }
 
 impl hardened_watcher::WatchObserver for Metrics {
-    fn restart(&self, resource: &'static str, reason: hardened_watcher::RestartReason) {
+    fn restart(&self, resource: &str, reason: hardened_watcher::RestartReason) {
         self.watch_restarts
             .with_label_values(&[resource, reason.metric_label()])
             .inc();
     }
-    fn relist(&self, resource: &'static str) {
+    fn relist(&self, resource: &str) {
         self.relists.with_label_values(&[resource]).inc();
     }
-    fn stale_ignored(&self, resource: &'static str, reason: hardened_watcher::StaleReason) {
+    fn stale_ignored(&self, resource: &str, reason: hardened_watcher::StaleReason) {
         self.stale_events_ignored
             .with_label_values(&[resource, reason.metric_label()])
             .inc();
     }
-    fn rv_regression(&self, resource: &'static str) {
+    fn rv_regression(&self, resource: &str) {
         self.rv_regressions.with_label_values(&[resource]).inc();
     }
-    fn undecodable(&self, resource: &'static str) {
+    fn undecodable(&self, resource: &str) {
         self.undecodable_objects
             .with_label_values(&[resource])
             .inc();
     }
-    fn opaque_rv(&self, resource: &'static str) {
+    fn opaque_rv(&self, resource: &str) {
         self.opaque_resource_versions
             .with_label_values(&[resource])
             .inc();
     }
-    fn drift(&self, resource: &'static str, kind: hardened_watcher::DriftKind) {
+    fn drift(&self, resource: &str, kind: hardened_watcher::DriftKind) {
         self.resync_drift
             .with_label_values(&[resource, kind.metric_label()])
             .inc();
     }
-    fn store_rewind(&self, resource: &'static str) {
+    fn store_rewind(&self, resource: &str) {
         self.store_rewinds.with_label_values(&[resource]).inc();
     }
-    fn ghost(&self, resource: &'static str) {
+    fn ghost(&self, resource: &str) {
         self.ghosts_found.with_label_values(&[resource]).inc();
     }
-    fn cache_size(&self, resource: &'static str, live: usize, tombstones: usize) {
+    fn cache_size(&self, resource: &str, live: usize, tombstones: usize) {
         let gauge = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
         self.cache_objects
             .with_label_values(&[resource])

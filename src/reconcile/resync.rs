@@ -58,7 +58,7 @@ async fn relist<K: Kind>(ctx: &Context) -> Result<ResyncReport> {
     match tokio::time::timeout(LIST_TIMEOUT, store.resync()).await {
         Ok(report) => report.map_err(Error::from),
         Err(_) => Err(Error::Watch(WatchError::WatcherGone {
-            resource: store.resource(),
+            resource: store.resource().to_owned(),
         })),
     }
 }

@@ -55,44 +55,44 @@ fn parse_seconds(text: &str) -> Result<Duration, String> {
 struct Printer;
 
 impl WatchObserver for Printer {
-    fn restart(&self, resource: &'static str, reason: RestartReason) {
+    fn restart(&self, resource: &str, reason: RestartReason) {
         println!("{resource}: watch restarted ({})", reason.metric_label());
     }
-    fn relist(&self, resource: &'static str) {
+    fn relist(&self, resource: &str) {
         println!("{resource}: consistent list applied as a diff");
     }
-    fn stale_ignored(&self, resource: &'static str, reason: StaleReason) {
+    fn stale_ignored(&self, resource: &str, reason: StaleReason) {
         println!(
             "{resource}: repaired: a stale event was ignored ({})",
             reason.metric_label()
         );
     }
-    fn rv_regression(&self, resource: &'static str) {
+    fn rv_regression(&self, resource: &str) {
         println!(
             "{resource}: an event's resourceVersion was below the resume point; resume point kept"
         );
     }
-    fn undecodable(&self, resource: &'static str) {
+    fn undecodable(&self, resource: &str) {
         println!("{resource}: an undecodable object was skipped");
     }
-    fn deletion_candidate(&self, resource: &'static str, source: DeletionSource) {
+    fn deletion_candidate(&self, resource: &str, source: DeletionSource) {
         println!(
             "{resource}: deletion candidate ({}), to confirm",
             source.metric_label()
         );
     }
-    fn drift(&self, resource: &'static str, kind: DriftKind) {
+    fn drift(&self, resource: &str, kind: DriftKind) {
         println!(
             "{resource}: repaired: drift the watch missed ({})",
             kind.metric_label()
         );
     }
-    fn store_rewind(&self, resource: &'static str) {
+    fn store_rewind(&self, resource: &str) {
         println!(
             "{resource}: repaired: the store was rewound (etcd restored?); the cache started over from a consistent list"
         );
     }
-    fn ghost(&self, resource: &'static str) {
+    fn ghost(&self, resource: &str) {
         println!("{resource}: repaired: the API server's watch cache disagreed with etcd");
     }
 }
@@ -124,8 +124,6 @@ async fn main() -> Result<()> {
         Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
         None => Api::all_with(client.clone(), &ar),
     };
-    // One label for the life of the program: the observer takes `&'static str`.
-    let label: &'static str = Box::leak(args.resource.clone().into_boxed_str());
 
     // Changes are printed at once; deletion candidates are confirmed by a
     // live read on another task (the change handler must not block the watcher).
@@ -144,7 +142,7 @@ async fn main() -> Result<()> {
     let (stop, shutdown) = watch::channel(false);
     let watcher = Watcher::builder_with(api, ar.clone())
         .project(|o: DynamicObject| Identity::of(&o))
-        .resource(label)
+        .resource(args.resource.as_str())
         .on_change(on_change)
         .observer(Arc::new(Printer))
         .build();

@@ -43,7 +43,7 @@ pub struct WatcherBuilder<K: kube::Resource, T: Cached, P, S = Unbound> {
     project: P,
     protobuf: Option<ProtobufDecode<K>>,
     store: Option<Store<T>>,
-    resource: Option<&'static str>,
+    resource: Option<Arc<str>>,
     on_change: Option<Sink<T>>,
     observer: Option<Arc<dyn WatchObserver>>,
     config: WatchConfig,
@@ -151,8 +151,8 @@ where
     /// [`store`](WatcherBuilder::store) has its own): a bounded name such as
     /// "pods", used in logs and passed to the observer. Default: the type's
     /// name, such as "Pod".
-    pub fn resource(mut self, resource: &'static str) -> Self {
-        self.resource = Some(resource);
+    pub fn resource(mut self, resource: impl Into<Arc<str>>) -> Self {
+        self.resource = Some(resource.into());
         self
     }
 
@@ -227,7 +227,7 @@ where
     pub fn build(self) -> Watcher<K, T, P> {
         let store = self
             .store
-            .unwrap_or_else(|| Store::new(self.resource.unwrap_or_else(short_type_name::<K>)));
+            .unwrap_or_else(|| Store::new(self.resource.unwrap_or_else(|| short_type_name::<K>().into())));
         let mut watcher = Watcher::assemble(
             self.api,
             self.dyntype,

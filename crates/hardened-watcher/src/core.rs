@@ -146,7 +146,7 @@ impl<T: Cached> WatchCore<T> {
         self.arrived = at;
     }
 
-    pub(super) fn resource(&self) -> &'static str {
+    pub(super) fn resource(&self) -> &str {
         self.store.resource()
     }
 

@@ -178,11 +178,13 @@ where
     /// relist, resume or back off. Fails only when the store already has a
     /// watcher.
     pub async fn run(self, shutdown: watch::Receiver<bool>) -> Result<(), WatchError> {
-        let resource = self.store.resource();
-        let requests = self
-            .store
-            .take_requests()
-            .ok_or(WatchError::AlreadyWatched { resource })?;
+        let requests =
+            self.store
+                .take_requests()
+                .ok_or_else(|| WatchError::AlreadyWatched {
+                    resource: self.store.resource().to_owned(),
+                })?;
+        let span = info_span!("watch", resource = self.store.resource());
         let core = WatchCore::new(
             self.store,
             self.sink,
@@ -203,7 +205,7 @@ where
         };
         driver
             .run_loop()
-            .instrument(info_span!("watch", resource))
+            .instrument(span)
             .await
     }
 }
@@ -358,10 +360,12 @@ where
             bookmarks: true,
             ..WatchParams::default().timeout(self.config.watch_timeout_secs)
         };
-        let resource = self.core.store().resource();
         let mut req = request
             .watch(&params, rv)
-            .map_err(|source| WatchError::Request { resource, source })?;
+            .map_err(|source| WatchError::Request {
+                resource: self.core.store().resource().to_owned(),
+                source,
+            })?;
         req.extensions_mut().insert("watch");
         debug!(resource_version = rv, "watch starting");
         let started = tokio::select! {

@@ -48,12 +48,13 @@ impl ApiErrorKind {
 /// Errors of the watch module's entry points. API failures are not among
 /// them: the watcher relists, resumes or backs off by itself.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum WatchError {
     /// Building a request failed (a programming error, not a server state).
     #[error("building a request for {resource} failed: {source}")]
     Request {
         /// The resource the request was for.
-        resource: &'static str,
+        resource: String,
         #[source]
         /// What went wrong.
         source: kube::core::request::Error,
@@ -62,13 +63,13 @@ pub enum WatchError {
     #[error("{resource} already has a watcher")]
     AlreadyWatched {
         /// The resource.
-        resource: &'static str,
+        resource: String,
     },
     /// The watcher of a store is not running (it stopped, or never started).
     #[error("the {resource} watcher is not running")]
     WatcherGone {
         /// The resource.
-        resource: &'static str,
+        resource: String,
     },
 }
 
@@ -111,7 +112,9 @@ mod tests {
 
     #[test]
     fn metric_labels_are_bounded() {
-        let err = WatchError::WatcherGone { resource: "pods" };
+        let err = WatchError::WatcherGone {
+            resource: "pods".to_owned(),
+        };
         assert_eq!(err.metric_label(), "watcher_gone");
     }
 }

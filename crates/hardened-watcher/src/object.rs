@@ -195,6 +195,10 @@ impl<T: Cached> Tombstone<T> {
 }
 
 /// A change the reconciler must act on.
+///
+/// Not `#[non_exhaustive]`, unlike the crate's reasons and errors: a new kind
+/// of change would need a decision in every handler, which a wildcard arm
+/// cannot make, so adding one is a major version.
 #[derive(Clone, Debug)]
 pub enum Change<T> {
     /// A new object (or one brought back).
@@ -224,6 +228,7 @@ impl<T: Cached> Change<T> {
 
 /// Why an event was ignored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum StaleReason {
     /// Its RV is lower than the cached copy's.
     OlderRv,
@@ -261,6 +266,7 @@ pub enum Outcome<T> {
 
 /// Which difference a resync list found between the cache and the API.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum DriftKind {
     /// An object the watch never delivered.
     MissedAdd,

@@ -3,6 +3,7 @@
 
 /// Why a list or watch was restarted. Bounded, for metric labels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum RestartReason {
     /// 410 Gone / Expired at watch start or mid-stream: RV compacted.
     Expired,

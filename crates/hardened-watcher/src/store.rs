@@ -39,7 +39,7 @@ pub struct ResyncReport {
 const SUSPECT_RELIST_EVERY: Duration = Duration::from_secs(30);
 
 struct Inner<T: Cached> {
-    resource: &'static str,
+    resource: Arc<str>,
     cache: RwLock<Cache<T>>,
     requests: mpsc::UnboundedSender<Request>,
     receiver: Mutex<Option<mpsc::UnboundedReceiver<Request>>>,
@@ -65,11 +65,11 @@ impl<T: Cached> Clone for Store<T> {
 impl<T: Cached> Store<T> {
     /// An empty, unsynced store for `resource` (a bounded label such as
     /// "pods", used in logs and metrics).
-    pub fn new(resource: &'static str) -> Self {
+    pub fn new(resource: impl Into<Arc<str>>) -> Self {
         let (requests, receiver) = mpsc::unbounded_channel();
         Self {
             inner: Arc::new(Inner {
-                resource,
+                resource: resource.into(),
                 cache: RwLock::new(Cache::new()),
                 requests,
                 receiver: Mutex::new(Some(receiver)),
@@ -81,8 +81,8 @@ impl<T: Cached> Store<T> {
     }
 
     /// The resource label this store was made with.
-    pub fn resource(&self) -> &'static str {
-        self.inner.resource
+    pub fn resource(&self) -> &str {
+        &self.inner.resource
     }
 
     /// The cache, to read: live objects, deletion candidates, where the
@@ -155,7 +155,7 @@ impl<T: Cached> Store<T> {
     /// applied (the periodic resync). Fails if no watcher runs.
     pub async fn resync(&self) -> Result<ResyncReport, WatchError> {
         let gone = || WatchError::WatcherGone {
-            resource: self.inner.resource,
+            resource: self.inner.resource.to_string(),
         };
         let (reply, answer) = oneshot::channel();
         self.inner
@@ -301,7 +301,7 @@ impl<T: Cached> Store<T> {
 /// A [`Store`] whatever its object type: what [`share_rewinds`] needs.
 pub trait StoreHandle: Send + Sync {
     /// See [`Store::resource`].
-    fn resource(&self) -> &'static str;
+    fn resource(&self) -> &str;
     /// See [`Store::is_synced`].
     fn is_synced(&self) -> bool;
     /// See [`Store::synced`].
@@ -313,7 +313,7 @@ pub trait StoreHandle: Send + Sync {
 }
 
 impl<T: Cached> StoreHandle for Store<T> {
-    fn resource(&self) -> &'static str {
+    fn resource(&self) -> &str {
         Store::resource(self)
     }
 
@@ -351,7 +351,7 @@ pub async fn share_rewinds(stores: Vec<Arc<dyn StoreHandle>>) {
             .filter(|(other, _)| *other != index)
             .map(|(_, store)| Arc::clone(store))
             .collect();
-        let resource = store.resource();
+        let resource = store.resource().to_owned();
         followers.spawn(async move {
             while rewinds.changed().await.is_ok() {
                 tracing::info!(
