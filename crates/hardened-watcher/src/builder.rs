@@ -225,9 +225,12 @@ where
 {
     /// The watcher; [`Watcher::run`] or [`Watcher::into_event_stream`] runs it.
     pub fn build(self) -> Watcher<K, T, P> {
-        let store = self
-            .store
-            .unwrap_or_else(|| Store::new(self.resource.unwrap_or_else(|| short_type_name::<K>().into())));
+        let store = self.store.unwrap_or_else(|| {
+            Store::new(
+                self.resource
+                    .unwrap_or_else(|| short_type_name::<K>().into()),
+            )
+        });
         let mut watcher = Watcher::assemble(
             self.api,
             self.dyntype,

@@ -178,12 +178,12 @@ where
     /// relist, resume or back off. Fails only when the store already has a
     /// watcher.
     pub async fn run(self, shutdown: watch::Receiver<bool>) -> Result<(), WatchError> {
-        let requests =
-            self.store
-                .take_requests()
-                .ok_or_else(|| WatchError::AlreadyWatched {
-                    resource: self.store.resource().to_owned(),
-                })?;
+        let requests = self
+            .store
+            .take_requests()
+            .ok_or_else(|| WatchError::AlreadyWatched {
+                resource: self.store.resource().to_owned(),
+            })?;
         let span = info_span!("watch", resource = self.store.resource());
         let core = WatchCore::new(
             self.store,
@@ -203,10 +203,7 @@ where
             shutdown,
             bookmarks: Bookmarks::default(),
         };
-        driver
-            .run_loop()
-            .instrument(span)
-            .await
+        driver.run_loop().instrument(span).await
     }
 }
 

@@ -93,3 +93,19 @@ async fn deleted_pod_named_by_no_endpoints_is_released_at_once() {
     on_pod(&ctx, &Change::DeletionCandidate(Arc::new(p)), None);
     assert_eq!(ctx.stores.pods.read().tombstone_count(), 0);
 }
+
+/// The metrics' fixed `resource` labels are the watched kinds, in order:
+/// `metrics::RESOURCES` sits below the reconcile and cannot read
+/// `for_each_kind`, so this holds the two lists together.
+#[test]
+fn the_metrics_resources_are_the_watched_kinds() {
+    struct Names(Vec<&'static str>);
+    impl super::KindVisitor for Names {
+        fn visit<K: super::Kind>(&mut self) {
+            self.0.push(K::RESOURCE);
+        }
+    }
+    let mut names = Names(Vec::new());
+    super::for_each_kind(&mut names);
+    assert_eq!(names.0, crate::metrics::RESOURCES);
+}
