@@ -14,6 +14,8 @@ use k8s_openapi::api::core::v1::{ConfigMap, Endpoints, Pod, ServiceAccount};
 use kube::api::{ListParams, ObjectMeta, PostParams, WatchEvent, WatchParams};
 use kube::{Api, ResourceExt};
 
+use crate::common::eventually;
+
 fn config_map(name: &str, value: &str) -> ConfigMap {
     ConfigMap {
         metadata: ObjectMeta {
@@ -516,14 +518,11 @@ async fn a_highly_available_control_plane() -> anyhow::Result<()> {
         .await?;
 
     cp.pause_etcd_member(leader, true)?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let new_leader = loop {
-        match cp.etcd_leader().await {
-            Ok(now) if now != leader => break now,
-            _ if Instant::now() > deadline => anyhow::bail!("no new etcd leader after 30 s"),
-            _ => tokio::time::sleep(Duration::from_millis(500)).await,
-        }
-    };
+    let new_leader = eventually(MEMBER_WAIT, "a new etcd leader", || async {
+        let now = cp.etcd_leader().await?;
+        Ok((now != leader).then_some(now))
+    })
+    .await?;
     // kube-apiserver answers 500 until its etcd client has moved off the
     // stopped member: the write is tried again, as a client would.
     crate::common::retried(|| async {
@@ -544,25 +543,15 @@ async fn a_highly_available_control_plane() -> anyhow::Result<()> {
     )
     .await?;
     cp.pause_etcd_member(leader, false)?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while cp.etcd_leader().await? != new_leader || !every_member_answers(&cp).await {
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "the resumed member did not rejoin"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    eventually(MEMBER_WAIT, "the resumed member to rejoin", || async {
+        let rejoined = cp.etcd_leader().await? == new_leader && every_member_answers(&cp).await;
+        Ok(rejoined.then_some(()))
+    })
+    .await?;
 
     let cut = cp.etcd_member_serving_watches().await?;
     cp.partition_etcd_member(cut).await?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while cp.etcd_member_knows_a_leader(cut).await? {
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "etcd member {cut} still knows a leader 30 s after its partition"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    knows_a_leader(&cp, cut, false).await?;
     crate::common::retried(|| cp.set_pod_ready("web", "web-1", "10.1.0.3", true)).await?;
     crate::common::wait_endpoint_ips(
         &cp,
@@ -573,16 +562,22 @@ async fn a_highly_available_control_plane() -> anyhow::Result<()> {
     )
     .await?;
     cp.heal_etcd_partition().await?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !cp.etcd_member_knows_a_leader(cut).await? {
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "etcd member {cut} found no leader 30 s after the partition healed"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    knows_a_leader(&cp, cut, true).await?;
     guard.stop().await;
     Ok(())
+}
+
+/// How long an etcd member gets to follow a change of the cluster.
+const MEMBER_WAIT: Duration = Duration::from_secs(30);
+
+/// Waits until etcd member `index` knows a leader (`true`) or has forgotten
+/// it (`false`).
+async fn knows_a_leader(cp: &ControlPlane, index: usize, wanted: bool) -> anyhow::Result<()> {
+    let what = format!("etcd member {index} to know a leader: {wanted}");
+    eventually(MEMBER_WAIT, &what, || async {
+        Ok((cp.etcd_member_knows_a_leader(index).await? == wanted).then_some(()))
+    })
+    .await
 }
 
 /// Whether every etcd member answers a status request.

@@ -44,25 +44,43 @@ impl FaultProxy {
             format!("--upstream=127.0.0.1:{etcd_client_port}"),
             format!("--control=127.0.0.1:{control_port}"),
         ];
-        let mut process = Process::spawn(
+        let process = start_proxy(
             "etcd-fault-proxy",
             &program,
             &args,
-            &log_dir.join("etcd-fault-proxy.log"),
-        )?;
-        process
-            .wait_until(timeout, Duration::from_millis(100), || async {
-                http_json(control_port, "GET", "/stats", None)
-                    .await
-                    .map(drop)
-            })
-            .await?;
+            log_dir,
+            control_port,
+            timeout,
+        )
+        .await?;
         Ok(Self {
             process,
             listen_port,
             control_port,
         })
     }
+}
+
+/// Starts one of the control plane's proxies, `name` (etcd-fault-proxy,
+/// etcd-peer-proxy), logging to `<name>.log` in `log_dir`, and waits until
+/// its control API on `control_port` answers `GET /stats`.
+pub(crate) async fn start_proxy(
+    name: &str,
+    program: &Path,
+    args: &[String],
+    log_dir: &Path,
+    control_port: u16,
+    timeout: Duration,
+) -> Result<Process> {
+    let mut process = Process::spawn(name, program, args, &log_dir.join(format!("{name}.log")))?;
+    process
+        .wait_until(timeout, Duration::from_millis(100), || async {
+            http_json(control_port, "GET", "/stats", None)
+                .await
+                .map(drop)
+        })
+        .await?;
+    Ok(process)
 }
 
 impl ControlPlane {

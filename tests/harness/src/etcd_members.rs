@@ -9,6 +9,7 @@ use anyhow::{Context, Result, anyhow};
 use serde_json::json;
 
 use crate::binaries;
+use crate::etcd_admin::start_proxy;
 use crate::loopback::{get, http_json};
 use crate::process::{Process, free_port};
 use crate::{ControlPlane, etcd};
@@ -40,19 +41,15 @@ impl PeerProxy {
                 m.ports.advertised_peer, m.ports.peer
             )
         }));
-        let mut process = Process::spawn(
+        let process = start_proxy(
             "etcd-peer-proxy",
             &program,
             &args,
-            &log_dir.join("etcd-peer-proxy.log"),
-        )?;
-        process
-            .wait_until(timeout, Duration::from_millis(100), || async {
-                http_json(control_port, "GET", "/stats", None)
-                    .await
-                    .map(drop)
-            })
-            .await?;
+            log_dir,
+            control_port,
+            timeout,
+        )
+        .await?;
         Ok(Some(Self {
             _process: process,
             control_port,
