@@ -10,6 +10,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, Recorder};
 use prometheus::IntCounter;
 use tokio::sync::mpsc;
+use tokio::sync::mpsc::error::TrySendError;
 use tracing::{debug, warn};
 
 /// Events waiting to be published.
@@ -42,10 +43,13 @@ pub fn channel(recorder: Recorder, dropped: IntCounter) -> (EventSink, EventPubl
 impl EventSink {
     /// Queues `event` about `regarding`; never waits.
     pub fn send(&self, event: Event, regarding: ObjectReference) {
-        let reason = event.reason.clone();
         if let Err(err) = self.tx.try_send(Pending { event, regarding }) {
             self.dropped.inc();
-            debug!(%reason, error = %err, "a Kubernetes Event was dropped: the publisher is behind");
+            let (why, pending) = match err {
+                TrySendError::Full(pending) => ("the publisher is behind", pending),
+                TrySendError::Closed(pending) => ("the publisher has stopped", pending),
+            };
+            debug!(reason = %pending.event.reason, "a Kubernetes Event was dropped: {why}");
         }
     }
 }

@@ -118,13 +118,12 @@ async fn report_prevention(
     );
     publish(
         ctx,
-        &svc_reference(key, svc.metadata.uid.clone()),
+        svc_reference(key, svc.metadata.uid.clone()),
         EventType::Warning,
         "SpuriousDeletionPrevented",
         "Guard",
         note,
-    )
-    .await;
+    );
 }
 
 /// Pods named by what `controller` wrote (`referenced`: the targetRefs of
@@ -259,7 +258,7 @@ fn svc_reference(key: &ObjectKey, uid: Option<String>) -> ObjectReference {
 }
 
 /// A Warning Event on the Service named by `key` (for failed writes).
-pub async fn warn_event(ctx: &Context, key: &ObjectKey, reason: &str, note: &str) {
+pub fn warn_event(ctx: &Context, key: &ObjectKey, reason: &str, note: &str) {
     let uid = ctx
         .stores
         .services
@@ -268,18 +267,17 @@ pub async fn warn_event(ctx: &Context, key: &ObjectKey, reason: &str, note: &str
         .and_then(|s| s.metadata.uid.clone());
     publish(
         ctx,
-        &svc_reference(key, uid),
+        svc_reference(key, uid),
         EventType::Warning,
         reason,
         "Sync",
         note.to_string(),
-    )
-    .await;
+    );
 }
 
-async fn publish(
+fn publish(
     ctx: &Context,
-    regarding: &ObjectReference,
+    regarding: ObjectReference,
     type_: EventType,
     reason: &str,
     action: &str,
@@ -297,7 +295,7 @@ async fn publish(
     };
     // Events are a report, not part of the reconcile: handed to the
     // publisher, never waited for.
-    ctx.events.send(event, regarding.clone());
+    ctx.events.send(event, regarding);
 }
 
 const MAX_NOTE_BYTES: usize = 1024;

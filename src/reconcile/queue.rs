@@ -107,10 +107,7 @@ impl<K: Clone + Eq + Hash> State<K> {
         }
         let entry = self.delayed.entry(key).or_insert(Delayed { due, received });
         entry.due = entry.due.min(due);
-        entry.received = match (entry.received, received) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        entry.received = entry.received.into_iter().chain(received).min();
     }
 
     /// Adds every delayed key due at `now`; true when one became available.

@@ -64,7 +64,7 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey, timer: &WriteTimer) -> Re
             covered: opted_out && existing.own && upstream_covers_ours(&found)?,
             misses_pods,
         });
-        sync::follow_up(ctx, CONTROLLER, key, service.as_deref(), &decision).await;
+        sync::follow_up(ctx, CONTROLLER, key, service.as_deref(), &decision);
         match decision {
             Decision::ReadService(why) => {
                 live = Some(guard::read_service(ctx, CONTROLLER, key, why).await?);
@@ -301,7 +301,7 @@ async fn apply(
                 debug!(%key, "namespace is terminating; not creating EndpointSlices");
                 return Ok(());
             }
-            Err(err) => return Err(failed(ctx, key, Verb::Create, err).await),
+            Err(err) => return Err(failed(ctx, key, Verb::Create, err)),
         }
     }
     for slice in &plan.updates {
@@ -436,19 +436,18 @@ async fn conflict_or_gone(
         warn!(%key, slice = name, "the EndpointSlice to update was gone; planning again");
         return Error::kube("writing an EndpointSlice", slice_key.to_string(), err);
     }
-    failed(ctx, key, verb, err).await
+    failed(ctx, key, verb, err)
 }
 
 /// A write the API refused: a Warning Event on the Service, as upstream's
 /// `FailedToUpdateEndpointSlices`, and the error.
-async fn failed(ctx: &Context, key: &ObjectKey, verb: Verb, err: kube::Error) -> Error {
+fn failed(ctx: &Context, key: &ObjectKey, verb: Verb, err: kube::Error) -> Error {
     guard::warn_event(
         ctx,
         key,
         "FailedToUpdateEndpointSlices",
         &format!("Error updating Endpoint Slices for Service {key} ({verb}): {err}"),
-    )
-    .await;
+    );
     Error::kube("writing an EndpointSlice", key.to_string(), err)
 }
 

@@ -91,8 +91,7 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey, timer: &WriteTimer) -> Re
             key,
             service.as_deref(),
             &decision,
-        )
-        .await;
+        );
         match decision {
             Decision::ReadService(why) => {
                 live = Some(guard::read_service(ctx, Controller::Endpoints, key, why).await?);
@@ -169,7 +168,7 @@ pub(super) fn takeover_misses_pods(
 /// What a decision means besides its action, for both controllers: where
 /// the opted-in Service stands (gauges, and a Warning Event when it enters
 /// a state that needs a person), and the opt-out clock.
-pub(super) async fn follow_up(
+pub(super) fn follow_up(
     ctx: &Context,
     controller: Controller,
     key: &ObjectKey,
@@ -181,7 +180,7 @@ pub(super) async fn follow_up(
         .opt_in_states
         .record(key, controller, status, &ctx.opt_in_gauges())
     {
-        report_opt_in(ctx, key, entered).await;
+        report_opt_in(ctx, key, entered);
     }
     let work = ctx.work(controller);
     if status.map(Status::state) != Some(OptInState::OptingOut) {
@@ -204,13 +203,12 @@ pub(super) async fn follow_up(
                 controller.objects(),
                 controller.objects(),
             ),
-        )
-        .await;
+        );
     }
 }
 
 /// The Warning Event of an opted-in Service that entered `status`.
-async fn report_opt_in(ctx: &Context, key: &ObjectKey, status: Status) {
+fn report_opt_in(ctx: &Context, key: &ObjectKey, status: Status) {
     let (reason, note) = match status {
         Status::Frozen(why) => (
             "OptInInvalid",
@@ -239,7 +237,7 @@ async fn report_opt_in(ctx: &Context, key: &ObjectKey, status: Status) {
         }
     };
     warn!(%key, reason, "{note}");
-    guard::warn_event(ctx, key, reason, &note).await;
+    guard::warn_event(ctx, key, reason, &note);
 }
 
 /// The Endpoints of a handled Service: the guard holds the addresses of
@@ -418,8 +416,7 @@ async fn apply(
                 key,
                 "FailedToUpdateEndpoint",
                 &format!("Failed to {verb} endpoint {key}: {err}"),
-            )
-            .await;
+            );
             Err(Error::kube("writing endpoints", key.to_string(), err))
         }
     }
