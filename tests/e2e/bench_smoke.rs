@@ -1,7 +1,9 @@
 //! `make bench` in brief, inside `make test`: size S (100 Services × 1,000
 //! pods), endpoints-guard and kube-controller-manager (default client limits), for Endpoints and then EndpointSlices on the same
-//! control plane, 10 s of churn at 10 pods/s, 5 s steady, one resync, and
-//! endpoints-guard's ghost phase for Endpoints. It checks that the bench
+//! control plane, 10 s of churn at 10 pods/s, 5 s steady (and 5 s of the
+//! control plane with no controller, to set what each adds against), one
+//! resync and three more under churn, and endpoints-guard's ghost phase for
+//! Endpoints. It checks that the bench
 //! works and the figures that do not depend on machine speed (this is the
 //! debug build): every flip reaches the Endpoints (the slices),
 //! endpoints-guard writes once per change (slices: no more often than
@@ -121,6 +123,43 @@ async fn size_s_briefly() -> anyhow::Result<()> {
                 "{name}: no ghost phase ran"
             );
         }
+    }
+    for run in &runs {
+        let name = format!("{} {}", run.kind.name(), run.controller.name());
+        let plane = [
+            run.apiserver_cpu_s_per_min_at_rest,
+            run.etcd_cpu_s_per_min_at_rest,
+            run.response_bytes_per_min_at_rest,
+        ];
+        assert!(
+            plane.iter().all(|v| v.is_some_and(f64::is_finite)),
+            "{name}: what it costs kube-apiserver and etcd at rest: {plane:?}"
+        );
+        let baseline = run.control_plane_baseline.unwrap_or_default();
+        assert!(
+            baseline.window_s > 0.0 && baseline.apiserver_cpu_s > 0.0,
+            "{name}: the control plane with no controller was measured: {baseline:?}"
+        );
+        let during = run.resync.as_ref().and_then(|r| r.churn.clone());
+        match run.controller {
+            Controller::Guard => {
+                let churn = during.expect("pods flipped through resyncs");
+                assert_eq!(churn.resyncs, 3, "{name}: {churn:?}");
+                assert_eq!(churn.missed, 0, "{name}: flips never seen: {churn:?}");
+                assert!(churn.outside_flips > 0, "{name}: {churn:?}");
+                assert_eq!(run.churn_p99_during_resync_ms, churn.during_p99_ms);
+            }
+            _ => assert!(during.is_none() && run.churn_p99_during_resync_ms.is_none()),
+        }
+    }
+    let json = std::fs::read_to_string(out.join("report.json"))?;
+    for field in [
+        "apiserver_cpu_s_per_min_at_rest",
+        "etcd_cpu_s_per_min_at_rest",
+        "response_bytes_per_min_at_rest",
+        "churn_p99_during_resync_ms",
+    ] {
+        assert!(json.contains(field), "report.json has no {field}");
     }
     // The scan's reads are requests at rest.
     assert!(ours.api_requests_per_s_at_rest.unwrap_or(0.0) > 0.0);

@@ -464,6 +464,20 @@ impl ControlPlane {
             .collect()
     }
 
+    /// Process id of the (first) kube-apiserver, while it runs.
+    pub fn apiserver_pid(&self) -> Option<u32> {
+        self.apiserver.as_ref().and_then(Process::pid)
+    }
+
+    /// Process ids of every running etcd member.
+    pub fn etcd_pids(&self) -> Vec<u32> {
+        std::iter::once(&self.etcd)
+            .chain(&self.etcd_others)
+            .flatten()
+            .filter_map(Process::pid)
+            .collect()
+    }
+
     /// Writes a kubeconfig that authenticates with a bearer `token` (e.g. a
     /// ServiceAccount token) and returns its path; `name` names the file and
     /// the kubeconfig's context and must be a plain file-name part.

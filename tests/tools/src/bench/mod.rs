@@ -35,6 +35,7 @@ pub mod ghost;
 pub mod inproc;
 mod kind;
 mod observe;
+pub mod plane;
 pub mod procstat;
 pub mod report;
 mod workload;
@@ -42,6 +43,7 @@ mod workload;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context as _, Result};
@@ -59,8 +61,9 @@ pub use kind::Kind;
 pub use report::RunResult;
 pub use workload::BenchSize;
 
-use eg_harness::{ControlPlane, ControlPlaneOptions};
-use observe::Observer;
+use eg_harness::{ControlPlane, ControlPlaneOptions, InflightLimits};
+use observe::{Flip, Observer};
+use plane::{PlaneSample, Spend};
 use workload::{BenchWorkload, PodRef, set_ready};
 
 /// What to run.
@@ -123,7 +126,9 @@ impl BenchOptions {
             size,
             churn_rate: 10,
             churn: Duration::from_secs(60),
-            steady: Duration::from_secs(60),
+            // Twice the default resync interval: a window of a whole number
+            // of intervals holds the same number of resyncs wherever it starts.
+            steady: Duration::from_secs(180),
             resync_phase_interval: Duration::from_secs(10),
             guard_resync_interval: None,
             ghost_scan_qps: None,
@@ -176,6 +181,9 @@ pub struct Phase {
     pub writes: u64,
     pub requests: BTreeMap<String, u64>,
     pub requests_by_resource: BTreeMap<String, u64>,
+    /// What kube-apiserver and etcd spent in the phase (all clients).
+    #[serde(default)]
+    pub control_plane: Option<Spend>,
 }
 
 /// The cost of one full resync diff (endpoints-guard only).
@@ -191,6 +199,58 @@ pub struct Resync {
     pub requests_by_resource: BTreeMap<String, u64>,
     /// VmHWM of the process that ran it (it also did a cold start).
     pub peak_rss_mb: f64,
+    /// Pod flips through more resyncs of the same process.
+    #[serde(default)]
+    pub churn: Option<ResyncChurn>,
+}
+
+/// Resyncs the resync phase runs under churn, after the first.
+const RESYNCS_UNDER_CHURN: usize = 3;
+
+/// Pod flips while a resync ran against those while none did, in the same
+/// process (see `Bench::churn_through_resyncs`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ResyncChurn {
+    pub resyncs: usize,
+    pub during_flips: usize,
+    pub during_p99_ms: Option<f64>,
+    pub outside_flips: usize,
+    pub outside_p99_ms: Option<f64>,
+    /// Flips never seen, or whose write failed.
+    pub missed: u64,
+}
+
+/// The time windows of the next `RESYNCS_UNDER_CHURN` resyncs of the fresh
+/// endpoints-guard `r`, from its metrics (see `Bench::churn_through_resyncs`).
+async fn resync_windows(
+    r: &controllers::Running,
+    interval: Duration,
+) -> Result<Vec<(Instant, Instant)>> {
+    const SCRAPE: Duration = Duration::from_millis(100);
+    let read = |text: &str| {
+        (
+            procstat::metric(text, "endpoints_guard_resync_duration_seconds_count").unwrap_or(0.0),
+            procstat::metric(text, "endpoints_guard_resync_duration_seconds_sum").unwrap_or(0.0),
+        )
+    };
+    let (mut count, mut sum) = read(&r.metrics().await?);
+    let deadline =
+        Instant::now() + (interval + Duration::from_secs(120)) * (RESYNCS_UNDER_CHURN as u32 + 1);
+    let mut windows = Vec::new();
+    while windows.len() < RESYNCS_UNDER_CHURN {
+        if Instant::now() > deadline {
+            anyhow::bail!("{RESYNCS_UNDER_CHURN} resyncs did not finish in time");
+        }
+        tokio::time::sleep(SCRAPE).await;
+        let (now_count, now_sum) = read(&r.metrics().await?);
+        if now_count > count {
+            let end = Instant::now();
+            let took = Duration::from_secs_f64((now_sum - sum).max(0.0)) + SCRAPE;
+            windows.push((end.checked_sub(took).unwrap_or(end), end));
+            (count, sum) = (now_count, now_sum);
+        }
+    }
+    Ok(windows)
 }
 
 /// Fields drop in order: the observer's watch stops before the control plane.
@@ -208,6 +268,9 @@ struct Bench {
     /// options', else the binary's defaults); `None` when it is not measured.
     guard: Option<GuardDefaults>,
     setup_s: f64,
+    /// What the control plane spends at rest with no controller running,
+    /// over a window as long as steady's.
+    baseline: Spend,
     _dir: tempfile::TempDir,
 }
 
@@ -328,9 +391,15 @@ impl Bench {
         let policy = dir.path().join("audit-policy.yaml");
         std::fs::write(&policy, audit::policy(&users)).context("writing the audit policy")?;
         let audit_log = dir.path().join("audit.log");
-        let mut cp_opts = ControlPlaneOptions::default()
-            .apiserver_arg("--max-requests-inflight=1000")
-            .apiserver_arg("--max-mutating-requests-inflight=500");
+        // API Priority and Fairness on, as in production, with seats enough
+        // that setting the workload up is not what is measured.
+        let mut cp_opts = ControlPlaneOptions {
+            priority_and_fairness: Some(InflightLimits {
+                readonly: 1000,
+                mutating: 500,
+            }),
+            ..ControlPlaneOptions::default()
+        };
         if opts.any_ghost() {
             cp_opts = cp_opts.with_etcd_fault_proxy();
         }
@@ -378,6 +447,7 @@ impl Bench {
         let workload = BenchWorkload::generate(&opts.size);
         let setup = workload.create(&client, opts.setup_parallelism).await?;
         log(&format!("workload created in {:.1} s", setup.as_secs_f64()));
+        let baseline = rest_baseline(&cp, &client, opts.steady).await?;
         Ok(Self {
             cp,
             client,
@@ -389,6 +459,7 @@ impl Bench {
             kubeconfigs,
             guard,
             setup_s: setup.as_secs_f64(),
+            baseline,
             _dir: dir,
         })
     }
@@ -501,8 +572,9 @@ impl Bench {
             instant: started,
             cpu: procstat::CpuSample::default(),
             events: ev0,
+            plane: None,
         };
-        mark = self.close(&mut phases, "cold", mark, &running)?;
+        mark = self.close(&mut phases, "cold", mark, &running).await?;
 
         log(&format!("{} {}: churn", kind.objects(), c.name()));
         // endpoints-guard's histograms before and after churn: their
@@ -518,7 +590,8 @@ impl Bench {
             })
             .await;
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let (mut latencies, missed) = obs.take_latencies();
+        let (flips_seen, missed) = obs.take_flips();
+        let mut latencies: Vec<f64> = flips_seen.iter().map(|f| f.ms).collect();
         let in_process = match scrape_before {
             Some(before) => {
                 let after = running.metrics().await?;
@@ -532,12 +605,12 @@ impl Bench {
             }
             None => None,
         };
-        mark = self.close(&mut phases, "churn", mark, &running)?;
+        mark = self.close(&mut phases, "churn", mark, &running).await?;
 
         log(&format!("{} {}: steady", kind.objects(), c.name()));
         tokio::time::sleep(self.opts.steady).await;
         running.process.ensure_running()?;
-        self.close(&mut phases, "steady", mark, &running)?;
+        self.close(&mut phases, "steady", mark, &running).await?;
         // Before the ghost phase, so the figure stays that of cold sync,
         // churn and steady.
         let peak_rss_main_mb = running.peak_rss_mb()?;
@@ -601,6 +674,7 @@ impl Bench {
                 .map(|g| g.resync_interval),
             ghost,
             in_process,
+            baseline: self.baseline,
             client_qps: match c {
                 Controller::Guard => None,
                 Controller::Upstream => Some(upstream_qps(&self.opts.upstream_args)),
@@ -611,7 +685,7 @@ impl Bench {
     }
 
     /// Ends the phase begun at `mark`, storing it with its time window.
-    fn close(
+    async fn close(
         &self,
         phases: &mut Vec<PhaseWindow>,
         name: &str,
@@ -623,13 +697,20 @@ impl Bench {
             instant: Instant::now(),
             cpu: running.cpu()?,
             events: self.obs()?.events(),
+            plane: Some(PlaneSample::read(&self.cp, &self.client).await?),
         };
         let (cpu_s, precise) = now.cpu.since(&mark.cpu);
+        let wall_s = now.instant.duration_since(mark.instant).as_secs_f64();
+        let control_plane = match (&now.plane, &mark.plane) {
+            (Some(end), Some(start)) => Some(end.since(start, wall_s)),
+            _ => None,
+        };
         let phase = Phase {
-            wall_s: now.instant.duration_since(mark.instant).as_secs_f64(),
+            wall_s,
             cpu_s,
             cpu_from_ticks: !precise,
             writes: now.events - mark.events,
+            control_plane,
             ..Phase::default()
         };
         phases.push((name.to_string(), phase, mark.at, now.at));
@@ -638,17 +719,29 @@ impl Bench {
 
     /// Flips `rate` pods a second for the churn duration; returns (flips, failed writes).
     async fn churn(&self) -> Result<(u64, u64)> {
+        self.flip_pods(self.churn_total(), false, &AtomicBool::new(false))
+            .await
+    }
+
+    /// Flips `rate` pods a second, `total` at most, fewer if `stop` turns
+    /// true first: pod `k` in turn, to not ready (`to_ready` false: churn)
+    /// or back to Ready (`to_ready` true, the pods churn left not ready);
+    /// past the last pod the other way. Returns (flips, failed writes).
+    async fn flip_pods(&self, total: u64, to_ready: bool, stop: &AtomicBool) -> Result<(u64, u64)> {
         let rate = self.opts.churn_rate.max(1);
-        let total = self.churn_total();
         let pods = &self.workload.pods;
         let mut ticker = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(rate)));
         let limit = Arc::new(Semaphore::new(32));
         let mut tasks = JoinSet::new();
+        let mut sent = 0;
         for k in 0..total {
             ticker.tick().await;
-            // Each pod goes not-ready once, then (past the last pod) ready again.
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+            sent += 1;
             let i = (k as usize) % pods.len();
-            let want_ready = (k as usize / pods.len()) % 2 == 1;
+            let want_ready = ((k as usize / pods.len()) % 2 == 1) != to_ready;
             let pod = pods[i].clone();
             let (client, obs, limit) = (self.client.clone(), self.obs()?.clone(), limit.clone());
             obs.expect_flip(pod.key(), want_ready, Instant::now());
@@ -667,7 +760,56 @@ impl Bench {
                 failed += 1;
             }
         }
-        Ok((total, failed))
+        Ok((sent, failed))
+    }
+
+    /// Pods flipped while the fresh endpoints-guard `r` (its first resync
+    /// already measured) runs [`RESYNCS_UNDER_CHURN`] more resyncs, each
+    /// flip's latency filed by whether it was sent while a resync ran. A
+    /// resync's window ends at the metrics scrape that counted it (scraped
+    /// every 100 ms) and starts its duration earlier, less one scrape
+    /// period: a flip sent just after a resync may count as during it.
+    async fn churn_through_resyncs(
+        &self,
+        r: &controllers::Running,
+        interval: Duration,
+    ) -> Result<ResyncChurn> {
+        let obs = self.obs()?.clone();
+        drop(obs.take_flips());
+        let stop = AtomicBool::new(false);
+        let windows = async {
+            let windows = resync_windows(r, interval).await;
+            stop.store(true, Ordering::Relaxed);
+            windows
+        };
+        let (flipped, windows) =
+            tokio::join!(self.flip_pods(self.churn_total(), true, &stop), windows);
+        let (_, failed) = flipped?;
+        let windows = windows?;
+        let _ = obs
+            .wait_for("flips drained", Duration::from_secs(30), |o| {
+                o.pending() == 0
+            })
+            .await;
+        let (flips, missed) = obs.take_flips();
+        let (during, outside): (Vec<Flip>, Vec<Flip>) = flips.into_iter().partition(|f| {
+            windows
+                .iter()
+                .any(|(from, to)| (*from..=*to).contains(&f.sent))
+        });
+        let p99 = |flips: &[Flip]| {
+            let mut ms: Vec<f64> = flips.iter().map(|f| f.ms).collect();
+            ms.sort_by(f64::total_cmp);
+            (!ms.is_empty()).then(|| report::percentile(&ms, 99.0))
+        };
+        Ok(ResyncChurn {
+            resyncs: windows.len(),
+            during_flips: during.len(),
+            during_p99_ms: p99(&during),
+            outside_flips: outside.len(),
+            outside_p99_ms: p99(&outside),
+            missed: missed as u64 + failed,
+        })
     }
 
     /// A fresh endpoints-guard with a short resync interval: the first
@@ -703,11 +845,30 @@ impl Bench {
             .map(|(_, c)| c.clone())
             .unwrap_or_default();
         let (cpu_s, precise) = cpu_end.since(&cpu_start);
+        let peak_rss_mb = r.peak_rss_mb()?;
+        log(&format!(
+            "{} endpoints-guard: pods flipped through {RESYNCS_UNDER_CHURN} resyncs",
+            self.kind.objects()
+        ));
+        let churn = self.churn_through_resyncs(&r, interval).await?;
+        log(&format!(
+            "{} endpoints-guard: churn p99 during a resync {} ms ({} flips), outside {} ms ({} flips)",
+            self.kind.objects(),
+            churn
+                .during_p99_ms
+                .map_or("—".into(), |v| format!("{v:.1}")),
+            churn.during_flips,
+            churn
+                .outside_p99_ms
+                .map_or("—".into(), |v| format!("{v:.1}")),
+            churn.outside_flips
+        ));
         let resync = Resync {
             duration_s,
             cpu_s,
             cpu_from_ticks: !precise,
-            peak_rss_mb: r.peak_rss_mb()?,
+            peak_rss_mb,
+            churn: Some(churn),
             ..Resync::default()
         };
         r.process.stop().await?;
@@ -892,4 +1053,28 @@ struct Mark {
     instant: Instant,
     cpu: procstat::CpuSample,
     events: u64,
+    /// The control plane's counters; none at the start of cold sync, whose
+    /// spend includes the controller's start.
+    plane: Option<PlaneSample>,
+}
+
+/// What the control plane spends at rest with no controller, over `window`
+/// after a settling pause (the workload's creation winds down).
+async fn rest_baseline(cp: &ControlPlane, client: &Client, window: Duration) -> Result<Spend> {
+    log(&format!(
+        "control plane at rest with no controller: {} s",
+        window.as_secs()
+    ));
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let start = PlaneSample::read(cp, client).await?;
+    let started = Instant::now();
+    tokio::time::sleep(window).await;
+    let end = PlaneSample::read(cp, client).await?;
+    let spend = end.since(&start, started.elapsed().as_secs_f64());
+    let per_min = spend.per_minute();
+    log(&format!(
+        "control plane at rest with no controller, a minute: kube-apiserver {:.3} CPU-s, etcd {:.3} CPU-s, {:.0} response bytes",
+        per_min.apiserver_cpu_s, per_min.etcd_cpu_s, per_min.response_bytes
+    ));
+    Ok(spend)
 }

@@ -130,11 +130,20 @@ struct State {
     /// ADDED, MODIFIED and DELETED events in the bench namespaces.
     events: u64,
     pending: HashMap<String, Pending>,
-    latencies_ms: Vec<f64>,
+    flips: Vec<Flip>,
     /// Per pod (`namespace/name`): the endpoints of every object that name
     /// it, and how many of those are ready (the ghost phase waits for a
     /// pod's to reach zero).
     listings: HashMap<String, Listings>,
+}
+
+/// One pod flip seen in the objects of the kind.
+#[derive(Clone, Copy, Debug)]
+pub struct Flip {
+    /// Just before its status write was sent.
+    pub sent: Instant,
+    /// From `sent` to the watch event that showed it, milliseconds.
+    pub ms: f64,
 }
 
 /// How often the objects of the kind list one pod.
@@ -179,7 +188,7 @@ impl State {
                             .map_or(0.0, |d| d.as_secs_f64());
                         eprintln!("bench: slow flip {pod_key} {ms:.1} ms, seen at {at:.3}");
                     }
-                    self.latencies_ms.push(ms);
+                    self.flips.push(Flip { sent, ms });
                 }
             }
             self.by_service
@@ -345,13 +354,13 @@ impl Observer {
         self.lock().pending.len()
     }
 
-    /// Takes the latencies recorded so far and drops what is still pending;
-    /// returns (latencies, pending flips given up on).
-    pub fn take_latencies(&self) -> (Vec<f64>, usize) {
+    /// Takes the flips seen so far and drops what is still pending;
+    /// returns (flips seen, pending flips given up on).
+    pub fn take_flips(&self) -> (Vec<Flip>, usize) {
         let mut state = self.lock();
         let missed = state.pending.len();
         state.pending.clear();
-        (std::mem::take(&mut state.latencies_ms), missed)
+        (std::mem::take(&mut state.flips), missed)
     }
 
     /// Waits until `done` holds, checking every 50 ms; fails after `timeout`.

@@ -12,6 +12,7 @@ use anyhow::{Context as _, Result};
 use serde::{Deserialize, Serialize};
 
 use super::inproc::InProcess;
+use super::plane::Spend;
 use super::{BenchOptions, Controller, Ghost, Kind, Phase, Resync};
 
 /// One controller at one size. The first fields are the ones issue 7 names;
@@ -79,6 +80,28 @@ pub struct RunResult {
     /// written before they were scraped).
     #[serde(default)]
     pub in_process: Option<InProcess>,
+    /// What the controller added to kube-apiserver's CPU at rest: seconds a
+    /// minute in steady less a minute of the same control plane with no
+    /// controller (`control_plane_baseline`). Noise can make it negative.
+    /// None in reports written before it was measured.
+    #[serde(default)]
+    pub apiserver_cpu_s_per_min_at_rest: Option<f64>,
+    /// The same for etcd (every member).
+    #[serde(default)]
+    pub etcd_cpu_s_per_min_at_rest: Option<f64>,
+    /// The same for the bytes of kube-apiserver's answers (every request
+    /// but watches).
+    #[serde(default)]
+    pub response_bytes_per_min_at_rest: Option<f64>,
+    /// The control plane at rest with no controller, the figures above
+    /// are measured against.
+    #[serde(default)]
+    pub control_plane_baseline: Option<Spend>,
+    /// endpoints-guard: p99 of the pod flips sent while a resync ran, from
+    /// the flip to the watch event showing it (beside it, `resync.churn`
+    /// holds the p99 outside resyncs in the same process).
+    #[serde(default)]
+    pub churn_p99_during_resync_ms: Option<f64>,
 }
 
 impl RunResult {
@@ -242,6 +265,7 @@ pub(super) struct Parts<'a> {
     pub ghost: Option<Ghost>,
     pub client_qps: Option<u32>,
     pub in_process: Option<InProcess>,
+    pub baseline: Spend,
 }
 
 /// Nearest-rank percentile of sorted values (0 when empty).
@@ -270,6 +294,16 @@ pub(super) fn assemble(parts: Parts<'_>) -> RunResult {
         parts.resync.as_ref(),
         resync_interval_s,
     );
+    let at_rest = parts
+        .phases
+        .get("steady")
+        .and_then(|p| p.control_plane)
+        .map(|spend| spend.attributable_per_min(&parts.baseline));
+    let churn_p99_during_resync_ms = parts
+        .resync
+        .as_ref()
+        .and_then(|r| r.churn.as_ref())
+        .and_then(|c| c.during_p99_ms);
     RunResult {
         size: opts.size.name.clone(),
         kind: parts.kind,
@@ -303,6 +337,11 @@ pub(super) fn assemble(parts: Parts<'_>) -> RunResult {
         api_requests_per_s_at_rest,
         client_qps: parts.client_qps,
         in_process: parts.in_process,
+        apiserver_cpu_s_per_min_at_rest: at_rest.map(|m| m.apiserver_cpu_s),
+        etcd_cpu_s_per_min_at_rest: at_rest.map(|m| m.etcd_cpu_s),
+        response_bytes_per_min_at_rest: at_rest.map(|m| m.response_bytes),
+        control_plane_baseline: at_rest.map(|_| parts.baseline),
+        churn_p99_during_resync_ms,
     }
 }
 
@@ -589,6 +628,26 @@ pub fn markdown(kind: Kind, runs: &[RunResult]) -> String {
             "API requests per s at rest (every verb but watch)",
             &|r| r.api_requests_per_s_at_rest,
             2,
+        );
+        out += &optional(
+            "kube-apiserver CPU s a minute at rest, added",
+            &|r| r.apiserver_cpu_s_per_min_at_rest,
+            3,
+        );
+        out += &optional(
+            "etcd CPU s a minute at rest, added",
+            &|r| r.etcd_cpu_s_per_min_at_rest,
+            3,
+        );
+        out += &optional(
+            "response KiB a minute at rest, added",
+            &|r| r.response_bytes_per_min_at_rest.map(|b| b / 1024.0),
+            1,
+        );
+        out += &optional(
+            "churn p99 during a resync (ms)",
+            &|r| r.churn_p99_during_resync_ms,
+            1,
         );
         let mut line = format!(
             "| ghost: its address gone after its lost DELETE, from every {} |",
@@ -959,6 +1018,7 @@ mod tests {
             ghost,
             client_qps: (!guard).then_some(20),
             in_process: None,
+            baseline: Spend::default(),
         })
     }
 
