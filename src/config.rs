@@ -137,9 +137,22 @@ pub struct Config {
     /// the store's current resourceVersion, which kube-apiserver
     /// (v1.34+) serves from etcd once its own check (every 5 to 7.5 minutes)
     /// found its watch cache inconsistent: an object that cache kept after
-    /// etcd deleted it is found within this long of that check.
+    /// etcd deleted it is found within this long of that check. Only the
+    /// leader resyncs; a replica that becomes leader resyncs at once.
     #[arg(long, env = "EG_RESYNC_INTERVAL", default_value = "90s", value_parser = parse_duration)]
     pub resync_interval: Duration,
+
+    /// How often a resync lists everything in full. The resyncs between
+    /// compare counts only: per resource, a one-item LIST for the store's
+    /// current resourceVersion and one at exactly it for the count it holds
+    /// there (served from etcd where a full list would be), and a full list of that
+    /// resource only where the count differs (a lost DELETE or ADD, a
+    /// ghost once kube-apiserver serves the list from etcd) or gives no
+    /// answer. What a count cannot see (an object changed in place that the
+    /// watch missed) waits for the full list. At or below --resync-interval
+    /// every resync lists in full.
+    #[arg(long, env = "EG_FULL_RESYNC_INTERVAL", default_value = "20m", value_parser = parse_duration)]
+    pub full_resync_interval: Duration,
 
     /// How long to keep trying to reach the API server at start-up before giving up.
     #[arg(long, env = "EG_STARTUP_TIMEOUT", default_value = "30s", value_parser = parse_duration)]

@@ -176,7 +176,10 @@ pub async fn start(
     tasks.spawn(hardened_watcher::share_rewinds(ctx.stores.watched()));
 
     let workers = cfg.workers;
-    let resync_interval = cfg.resync_interval;
+    let resync = resync::Timing {
+        interval: cfg.resync_interval,
+        full_interval: cfg.full_resync_interval,
+    };
     let ghost_scan = ghost_scan::Pace {
         qps: cfg.ghost_scan_qps,
         period: cfg.ghost_scan_period,
@@ -217,11 +220,7 @@ pub async fn start(
                 tasks.spawn(async move { work(ctx, controller).await }.instrument(span));
             }
         }
-        tasks.spawn(periodic(
-            ctx.clone(),
-            resync_interval,
-            shutdown_main.clone(),
-        ));
+        tasks.spawn(periodic(ctx.clone(), resync, shutdown_main.clone()));
         tasks.spawn(ghost_scan::run(
             ctx.clone(),
             ghost_scan,
@@ -313,9 +312,27 @@ async fn requeue_on_election(ctx: Arc<Context>) {
     }
 }
 
-/// The resync every `interval` (none when zero) and housekeeping of deletion
-/// evidence with it (every five minutes when there is no resync).
-async fn periodic(ctx: Arc<Context>, interval: Duration, mut shutdown: signal::Receiver<bool>) {
+/// Why [`periodic`] woke up.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Due {
+    Tick,
+    /// This instance became leader.
+    Elected,
+}
+
+/// The resync every `interval` (none when zero), in full when
+/// [`resync::Timing::depth`] says so, and housekeeping of deletion evidence
+/// with it (every five minutes when there is no resync).
+///
+/// Only the leader resyncs: a replica that does not lead acts on nothing it
+/// caches, and every relist it made would cost kube-apiserver and etcd as
+/// much as the leader's. A replica that becomes leader resyncs in full at
+/// once, catching up on whatever its watches missed while it followed, and
+/// then every interval from there.
+async fn periodic(ctx: Arc<Context>, timing: resync::Timing, mut shutdown: signal::Receiver<bool>) {
+    let interval = timing.interval;
+    // The caches were just listed in full.
+    let mut last_full = Instant::now();
     let tick = if interval.is_zero() {
         Duration::from_secs(300)
     } else {
@@ -323,18 +340,37 @@ async fn periodic(ctx: Arc<Context>, interval: Duration, mut shutdown: signal::R
     };
     let mut ticker = tokio::time::interval(tick);
     ticker.tick().await;
+    let mut leader = ctx.leader.clone();
+    leader.mark_unchanged();
     loop {
-        tokio::select! {
-            _ = ticker.tick() => {}
+        let due = tokio::select! {
+            _ = ticker.tick() => Due::Tick,
+            Ok(()) = leader.changed() => {
+                if !*leader.borrow_and_update() {
+                    continue;
+                }
+                Due::Elected
+            }
             () = stopped(&mut shutdown) => return,
+        };
+        if !interval.is_zero() && ctx.leading() {
+            if due == Due::Elected {
+                info!("leading: resyncing in full to catch up on what the watches missed");
+                ticker.reset();
+            }
+            let depth = timing.depth(due == Due::Elected, last_full.elapsed());
+            match resync::resync_once(&ctx, depth).await {
+                Ok(()) if depth == resync::Depth::Full => last_full = Instant::now(),
+                Ok(()) => {}
+                Err(err) => {
+                    ctx.metrics.resync_failures.inc();
+                    warn!(error = %err, ?depth, "resync failed; trying again next interval");
+                }
+            }
         }
-        if !interval.is_zero()
-            && let Err(err) = resync::resync_once(&ctx).await
-        {
-            ctx.metrics.resync_failures.inc();
-            warn!(error = %err, "full resync failed; trying again next interval");
+        if due == Due::Tick {
+            resync::housekeeping(&ctx);
         }
-        resync::housekeeping(&ctx);
     }
 }
 

@@ -120,6 +120,7 @@ pub struct Metrics {
     pub pod_deletions_held: IntCounterVec,
     pub node_deletions_held: IntCounter,
     pub resync_drift: IntCounterVec,
+    pub resync_count_checks: IntCounterVec,
     pub resync_duration: Histogram,
     pub resync_failures: IntCounter,
     pub last_successful_resync: Gauge,
@@ -285,9 +286,16 @@ impl Metrics {
                 ),
                 &["resource", "kind"],
             )?,
+            resync_count_checks: IntCounterVec::new(
+                opts(
+                    "resync_count_checks_total",
+                    "Resyncs of one resource settled by a count check (one-item LISTs: the store's resourceVersion, then its count at exactly it), by resource and result: matches (no full list), differs or unknown (a full list followed).",
+                ),
+                &["resource", "result"],
+            )?,
             resync_duration: Histogram::with_opts(hist(
                 "resync_duration_seconds",
-                "Duration of one full resync diff.",
+                "Duration of one resync: count checks, and full lists where due.",
                 prometheus::exponential_buckets(0.01, 2.0, 14)?,
             ))?,
             resync_failures: IntCounter::with_opts(opts(
@@ -454,6 +462,10 @@ impl Metrics {
         zero(&self.queue_retries, &[&controllers])?;
         zero(&self.queue_dropped, &[&controllers])?;
         zero(&self.resync_drift, &[RESOURCES, &drift])?;
+        zero(
+            &self.resync_count_checks,
+            &[RESOURCES, &["matches", "differs", "unknown"]],
+        )?;
         zero(&self.watch_restarts, &[RESOURCES, &restart])?;
         zero(&self.relists, &[RESOURCES])?;
         zero(&self.stale_events_ignored, &[RESOURCES, &stale])?;
@@ -491,6 +503,7 @@ impl Metrics {
         r.register(Box::new(self.pod_deletions_held.clone()))?;
         r.register(Box::new(self.node_deletions_held.clone()))?;
         r.register(Box::new(self.resync_drift.clone()))?;
+        r.register(Box::new(self.resync_count_checks.clone()))?;
         r.register(Box::new(self.resync_duration.clone()))?;
         r.register(Box::new(self.resync_failures.clone()))?;
         r.register(Box::new(self.last_successful_resync.clone()))?;

@@ -170,6 +170,10 @@ fn every_fixed_label_value_is_exported() {
             "resync_drift_total",
             drift.into_iter().map(|s| vec![s[1], s[0]]).collect(),
         ),
+        (
+            "resync_count_checks_total",
+            every(&[RESOURCES, &["matches", "differs", "unknown"]]),
+        ),
         // reason before resource.
         ("watch_restarts_total", every(&[&restart, RESOURCES])),
         ("stale_events_ignored_total", every(&[&stale, RESOURCES])),

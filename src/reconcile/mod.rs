@@ -226,7 +226,12 @@ impl Context {
     }
 
     pub fn writes_allowed(&self) -> bool {
-        self.mode == Mode::Enforce && *self.leader.borrow()
+        self.mode == Mode::Enforce && self.leading()
+    }
+
+    /// Whether this instance leads now (always without `--leader-elect`).
+    pub fn leading(&self) -> bool {
+        *self.leader.borrow()
     }
 
     /// Resolves at once on the leader (or without leader election); on other

@@ -3,12 +3,16 @@
 //! A watch can lose events for good (a lost DELETE leaves a ghost until a
 //! relist; upstream informers relist only after errors, and their 12–24 h
 //! resync replays the cache rather than reading the API). Every interval each
-//! watcher relists consistently, through the same page-by-page path as any
-//! relist, and resumes its watch from where it was: the differences the list
-//! found count as drift only if the watch does not explain them (see
-//! `crates/hardened-watcher/src/cache_list.rs`). Then every Service is queued: a reconcile with
-//! nothing to change writes nothing, and a key that ran out of retries comes
-//! back at least once per interval.
+//! watcher checks its count against the store's at the store's current
+//! resourceVersion (two one-item LISTs, the watch left open: see
+//! `crates/hardened-watcher/src/count.rs`), and relists in full where the
+//! count differs or cannot be had, and every `--full-resync-interval`. A full
+//! relist takes the same page-by-page path as any relist and resumes the
+//! watch from where it was: the differences the list found count as drift
+//! only if the watch does not explain them (see
+//! `crates/hardened-watcher/src/cache_list.rs`). Then every Service is
+//! queued: a reconcile with nothing to change writes nothing, and a key that
+//! ran out of retries comes back at least once per interval.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -21,7 +25,7 @@ use crate::desired::scope::{EndpointsRole, Handling};
 use crate::error::{Error, Result};
 use crate::reconcile::kinds::{Kind, KindVisitor, for_each_kind};
 use crate::settings::Controller;
-use hardened_watcher::{Cached, Confirmation, ResyncReport, WatchError};
+use hardened_watcher::{Cached, Confirmation, CountCheck, ResyncReport, WatchError};
 
 /// How long one resync waits for a watcher's list.
 const LIST_TIMEOUT: Duration = Duration::from_secs(120);
@@ -34,27 +38,93 @@ const RELEASED_CONFIRMATION_TICKS: u64 = 2;
 /// served by a watch cache that still holds them: kept longer.
 const LIVE_READ_CONFIRMATION_TICKS: u64 = 12;
 
-/// Every kind's relist, run at once; each answer with its resource.
+/// When resyncs run, and how deep.
+#[derive(Clone, Copy, Debug)]
+pub struct Timing {
+    /// `--resync-interval`: zero, none.
+    pub interval: Duration,
+    /// `--full-resync-interval`.
+    pub full_interval: Duration,
+}
+
+impl Timing {
+    /// How deep the resync due now goes: in full on election (the catch-up),
+    /// once `full_interval` has passed since the last full one, and always
+    /// when that is no longer than the interval itself; by counts otherwise.
+    pub fn depth(&self, elected: bool, since_full: Duration) -> Depth {
+        if elected || self.full_interval <= self.interval || since_full >= self.full_interval {
+            Depth::Full
+        } else {
+            Depth::Counts
+        }
+    }
+}
+
+/// What one resync does for each kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Depth {
+    /// A count check, and a full relist where it does not match.
+    Counts,
+    /// A full relist.
+    Full,
+}
+
+/// One kind's part of a resync.
+#[derive(Debug, Default)]
+struct KindResync {
+    report: ResyncReport,
+    /// Listed in full (a count check that did not match, or a full resync).
+    listed: bool,
+}
+
+/// Every kind's resync, run at once; each answer with its resource.
 struct Relists<'a> {
     ctx: &'a Context,
-    relists: Vec<BoxFuture<'a, (&'static str, Result<ResyncReport>)>>,
+    depth: Depth,
+    relists: Vec<BoxFuture<'a, (&'static str, Result<KindResync>)>>,
 }
 
 impl KindVisitor for Relists<'_> {
     fn visit<K: Kind>(&mut self) {
-        let ctx = self.ctx;
-        self.relists.push(Box::pin(
-            async move { (K::RESOURCE, relist::<K>(ctx).await) },
-        ));
+        let (ctx, depth) = (self.ctx, self.depth);
+        self.relists.push(Box::pin(async move {
+            (K::RESOURCE, resync_kind::<K>(ctx, depth).await)
+        }));
     }
 }
 
-/// Relists kind `K` if it is watched; an unwatched kind reports nothing.
-async fn relist<K: Kind>(ctx: &Context) -> Result<ResyncReport> {
+/// Resyncs kind `K` if it is watched (an unwatched kind reports nothing):
+/// at [`Depth::Counts`] a count check first, and a full relist only where
+/// the count differs or cannot be had.
+async fn resync_kind<K: Kind>(ctx: &Context, depth: Depth) -> Result<KindResync> {
     if !K::needed(ctx.controllers()) {
-        return Ok(ResyncReport::default());
+        return Ok(KindResync::default());
     }
     let store = K::store(&ctx.stores);
+    if depth == Depth::Counts {
+        let checked = match tokio::time::timeout(LIST_TIMEOUT, store.count_check()).await {
+            Ok(checked) => checked?,
+            Err(_) => CountCheck::Unknown("no answer in time".into()),
+        };
+        ctx.metrics
+            .resync_count_checks
+            .with_label_values(&[K::RESOURCE, checked.metric_label()])
+            .inc();
+        match checked {
+            CountCheck::Matches => return Ok(KindResync::default()),
+            other => {
+                info!(resource = K::RESOURCE, checked = ?other, "count check: listing in full")
+            }
+        }
+    }
+    Ok(KindResync {
+        report: relist::<K>(store).await?,
+        listed: true,
+    })
+}
+
+/// A full relist of one kind's watcher.
+async fn relist<K: Kind>(store: &hardened_watcher::Store<K::Cached>) -> Result<ResyncReport> {
     match tokio::time::timeout(LIST_TIMEOUT, store.resync()).await {
         Ok(report) => report.map_err(Error::from),
         Err(_) => Err(Error::Watch(WatchError::WatcherGone {
@@ -63,20 +133,29 @@ async fn relist<K: Kind>(ctx: &Context) -> Result<ResyncReport> {
     }
 }
 
-/// One full resync: every watcher relists (at once), then the caches are
-/// compared with each other and every Service is queued.
-pub async fn resync_once(ctx: &Arc<Context>) -> Result<()> {
+/// One resync: every watcher checks its count or relists (at once, at
+/// `depth`), then the caches are compared with each other and every
+/// Service is queued.
+pub async fn resync_once(ctx: &Arc<Context>, depth: Depth) -> Result<()> {
     let start = Instant::now();
     let mut relists = Relists {
         ctx,
+        depth,
         relists: Vec::new(),
     };
     for_each_kind(&mut relists);
     let mut changes = Vec::new();
+    let mut listed = Vec::new();
     let mut disputes = 0;
-    for (resource, report) in join_all(relists.relists).await {
-        let report = report?;
+    for (resource, resynced) in join_all(relists.relists).await {
+        let KindResync {
+            report,
+            listed: in_full,
+        } = resynced?;
         disputes += report.disputes;
+        if in_full {
+            listed.push(resource);
+        }
         if report.changes > 0 {
             changes.push((resource, report.changes));
         }
@@ -91,10 +170,12 @@ pub async fn resync_once(ctx: &Arc<Context>) -> Result<()> {
     ctx.metrics.last_successful_resync.set(now);
     info!(
         seconds = elapsed,
+        ?depth,
+        ?listed,
         ?changes,
         disputes,
         queued,
-        "full resync done"
+        "resync done"
     );
     Ok(())
 }
@@ -201,6 +282,27 @@ fn age<K: Kind>(ctx: &Context) -> usize {
 mod tests {
     use std::sync::Arc;
     use std::time::Duration;
+
+    use super::{Depth, Timing};
+
+    #[test]
+    fn counts_between_full_resyncs_and_in_full_on_election() {
+        let secs = Duration::from_secs;
+        let timing = Timing {
+            interval: secs(90),
+            full_interval: secs(1800),
+        };
+        assert_eq!(timing.depth(false, secs(90)), Depth::Counts);
+        assert_eq!(timing.depth(false, secs(1799)), Depth::Counts);
+        assert_eq!(timing.depth(false, secs(1800)), Depth::Full);
+        assert_eq!(timing.depth(true, secs(1)), Depth::Full);
+        // A full interval no longer than the interval: every resync in full.
+        let every = Timing {
+            interval: secs(90),
+            full_interval: secs(90),
+        };
+        assert_eq!(every.depth(false, secs(0)), Depth::Full);
+    }
 
     use hardened_watcher::{ObjectKey, WatchEventKind};
 

@@ -3,6 +3,8 @@
 //! within the lease duration, and the two never lead at once (both leader
 //! gauges sampled every 100 ms). And a Lease taken by someone else stops the
 //! leader's writes at once, long before its next renewal would notice.
+//! Only the leader resyncs and runs the ghost scan; a replica that takes
+//! over resyncs at once.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -76,6 +78,15 @@ impl Instance {
         text.contains("endpoints_guard_leader ")
             .then(|| (metric_value(&text, "endpoints_guard_leader") == 1.0, writes))
     }
+
+    /// (resyncs finished, ghost-scan reads); None while unreachable.
+    async fn background_reads(port: u16) -> Option<(f64, f64)> {
+        let text = loopback::get(port, "/metrics").await.ok()?;
+        Some((
+            metric_value(&text, "endpoints_guard_resync_duration_seconds_count"),
+            metric_value(&text, "endpoints_guard_ghost_scan_reads_total"),
+        ))
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -118,11 +129,15 @@ const LEASE_SECONDS: u64 = 4;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_writer_and_takeover_within_the_lease_after_kill_9() -> Result<()> {
     let cp = setup().await?;
+    // A resync interval longer than the test: a resync can only be the
+    // catch-up of a replica that became leader.
     let lease_args = [
         "--leader-election-lease-duration",
         "4s",
         "--leader-election-renew-grace",
         "2s",
+        "--resync-interval",
+        "10m",
     ];
     let [port_a, port_b] = free_ports::<2>()?;
     let mut instances = [
@@ -199,6 +214,23 @@ async fn one_writer_and_takeover_within_the_lease_after_kill_9() -> Result<()> {
         bail!("the follower claims leadership or is unreachable");
     };
     assert_eq!(follower_writes, 0.0, "the follower wrote");
+    // The ghost scan reads at least once every two seconds on the leader.
+    eventually(
+        Duration::from_secs(10),
+        "the leader's ghost scan to read",
+        || async move {
+            Ok(Instance::background_reads(leader_port)
+                .await
+                .filter(|(_, reads)| *reads > 0.0)
+                .map(drop))
+        },
+    )
+    .await?;
+    assert_eq!(
+        Instance::background_reads(instances[follower].port).await,
+        Some((0.0, 0.0)),
+        "the follower resynced or scanned"
+    );
 
     // kill -9 the leader: no release, the Lease must expire.
     let killed = instances[leader].name;
@@ -223,6 +255,17 @@ async fn one_writer_and_takeover_within_the_lease_after_kill_9() -> Result<()> {
     )
     .await?;
     let takeover = killed_at.elapsed();
+    eventually(
+        Duration::from_secs(20),
+        "the new leader to resync once, catching up",
+        || async {
+            Ok(Instance::background_reads(follower_port)
+                .await
+                .filter(|(resyncs, _)| *resyncs == 1.0)
+                .map(drop))
+        },
+    )
+    .await?;
     eprintln!(
         "leader election: {killed} killed -9; {} took over after {takeover:?} (lease duration {LEASE_SECONDS}s)",
         instances[follower].name

@@ -365,7 +365,12 @@ async fn work_dropped_after_its_retries_comes_back_with_the_resync() -> Result<(
 /// may count as drift.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn watch_lag_under_churn_is_not_drift() -> Result<()> {
-    let env = Env::start(ControlPlaneOptions::default(), &["--resync-interval", "3s"]).await?;
+    // Every resync in full: the lists are what this holds to account.
+    let env = Env::start(
+        ControlPlaneOptions::default(),
+        &["--resync-interval", "3s", "--full-resync-interval", "3s"],
+    )
+    .await?;
     env.service_with_pod("a", "10.1.0.1").await?;
     let until = Instant::now() + Duration::from_secs(30);
     let mut i = 0u32;

@@ -13,6 +13,7 @@ use tokio::sync::oneshot;
 use tracing::{debug, info, warn};
 
 use super::cache::ReadStamp;
+use super::count::CountCheck;
 use super::decode::Listed;
 use super::error::ApiErrorKind;
 use super::list::{ListDiffBuilder, ListMode, ListOutcome, Page};
@@ -493,6 +494,12 @@ impl<T: Cached> WatchCore<T> {
                     return false;
                 }
                 self.relist(reason)
+            }
+            // The driver answers it while watching; anywhere else only a
+            // full list can tell.
+            Request::CountCheck(reply) => {
+                let _ = reply.send(CountCheck::Unknown("the watcher is not watching".into()));
+                false
             }
         }
     }

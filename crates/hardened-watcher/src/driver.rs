@@ -15,6 +15,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::core::{Sink, Step, WatchCore};
+use super::count::{self, CountCheck, listed_count};
 use super::decode::{WatchInput, decode_object, parse_watch_line, peek_watch_line};
 use super::error::WatchError;
 use super::list::{
@@ -295,6 +296,49 @@ where
         }
     }
 
+    /// A count check (see `count.rs`): the store's current resourceVersion
+    /// (a one-item consistent LIST, as a resync's probe), then a one-item
+    /// LIST at exactly that resourceVersion, whose count is set against how
+    /// many objects the cache holds.
+    async fn count_check(
+        &self,
+        client: &kube::Client,
+        request: &kube::core::Request,
+    ) -> CountCheck {
+        let probe = PageAt {
+            limit: 1,
+            ..PageAt::default()
+        };
+        let store_rv = match fetch_page(client, request, &probe)
+            .await
+            .and_then(|body| page_rv(&body))
+        {
+            Ok(rv) if !rv.is_empty() => rv,
+            Ok(_) => return CountCheck::Unknown("the store's resourceVersion was empty".into()),
+            Err(err) => {
+                return CountCheck::Unknown(format!(
+                    "reading the store's resourceVersion failed: {err}"
+                ));
+            }
+        };
+        let exact = PageAt {
+            limit: 1,
+            exact_rv: Some(&store_rv),
+            ..PageAt::default()
+        };
+        let listed = fetch_page(client, request, &exact)
+            .await
+            .and_then(|body| listed_count(&body).map_err(kube::Error::SerdeError))
+            .map_err(|err| err.to_string());
+        let (cached, cache_rv) = {
+            let cache = self.core.store().read();
+            (cache.len(), cache.highest_rv().map(str::to_owned))
+        };
+        let checked = count::compare(&store_rv, cached, listed);
+        debug!(?checked, ?cache_rv, "count check");
+        checked
+    }
+
     async fn backoff(&mut self, delay: Duration) -> Flow {
         debug!(?delay, "backing off");
         let deadline = tokio::time::Instant::now() + delay;
@@ -382,10 +426,18 @@ where
             let idle_limit = self.bookmarks.idle_limit(self.config.watch_timeout_secs);
             let next = tokio::select! {
                 next = tokio::time::timeout(idle_limit, stream.next()) => next,
-                request = self.requests.recv() => {
-                    if let Some(request) = request
-                        && self.core.on_request(request)
-                    {
+                asked = self.requests.recv() => {
+                    let Some(asked) = asked else { continue };
+                    // A count check is answered here, the stream left unread
+                    // meanwhile: the cache stays where the check took it.
+                    if let Request::CountCheck(reply) = asked {
+                        let mut shutdown = self.shutdown.clone();
+                        let checked = tokio::select! {
+                            checked = self.count_check(client, request) => checked,
+                            () = stopped(&mut shutdown) => return Ok(Flow::Stop),
+                        };
+                        let _ = reply.send(checked);
+                    } else if self.core.on_request(asked) {
                         return Ok(Flow::Continue);
                     }
                     continue;

@@ -12,6 +12,7 @@ use kube::Api;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
+use super::count::CountCheck;
 use super::driver::Watcher;
 use super::object::{Change, Identity, ObjectKey};
 use super::observer::CountingObserver;
@@ -344,4 +345,68 @@ fn a_watch_is_dead_after_150_s_of_silence_unless_the_server_sends_no_bookmarks()
     bookmarks.on_silent_watch();
     bookmarks.on_silent_watch();
     assert_eq!(bookmarks.idle_limit(290), Duration::from_secs(150));
+}
+
+/// A one-item list answer counting `total` objects at `rv`.
+fn counted(total: u64, rv: &str) -> Reply {
+    Reply::Body(
+        json!({"kind": "ServiceList", "apiVersion": "v1",
+               "metadata": {"resourceVersion": rv, "continue": "more", "remainingItemCount": total - 1},
+               "items": [svc("a", "100")]})
+        .to_string(),
+    )
+}
+
+#[tokio::test]
+async fn a_count_check_lists_one_item_at_the_stores_resourceversion_and_keeps_the_watch() {
+    let probe = |rv: &str| list(vec![svc("a", "100")], rv, Some("more"));
+    let script = vec![
+        list(vec![svc("a", "100"), svc("b", "110")], "200", None),
+        Reply::Hang,
+        // The cache's two objects, then one more than it holds (an ADD the
+        // watch has not delivered, or lost), then an error.
+        probe("230"),
+        counted(2, "230"),
+        probe("240"),
+        counted(3, "240"),
+        probe("250"),
+        Reply::status(410, "Expired", "too old resource version", None),
+    ];
+    let running = Running::start(script, 500).await;
+    running.wait_for_request("watch=true").await;
+    let first = running.store.count_check().await;
+    let second = running.store.count_check().await;
+    let third = running.store.count_check().await;
+    let requests = running.stop().await;
+    assert_eq!(first.ok(), Some(CountCheck::Matches));
+    assert_eq!(
+        second.ok(),
+        Some(CountCheck::Differs {
+            rv: "240".into(),
+            cached: 2,
+            listed: 3
+        })
+    );
+    assert!(
+        matches!(&third, Ok(CountCheck::Unknown(why)) if why.contains("250")),
+        "{third:?}"
+    );
+    let checks: Vec<_> = requests.iter().filter(|r| r.contains("limit=1")).collect();
+    assert_eq!(checks.len(), 6, "{requests:?}");
+    for (pair, rv) in checks.chunks(2).zip(["230", "240", "250"]) {
+        assert!(
+            !pair[0].contains("resourceVersion"),
+            "the probe is consistent: {}",
+            pair[0]
+        );
+        assert!(
+            pair[1].contains(&format!("resourceVersion={rv}"))
+                && pair[1].contains("resourceVersionMatch=Exact"),
+            "{}",
+            pair[1]
+        );
+    }
+    // One watch for the whole test: the checks did not close it.
+    let watches = requests.iter().filter(|r| r.contains("watch=true")).count();
+    assert_eq!(watches, 1, "{requests:?}");
 }

@@ -7,6 +7,7 @@ mod cache_list;
 mod cache_repair;
 mod core;
 mod core_events;
+mod count;
 mod decode;
 mod driver;
 mod error;
@@ -30,6 +31,7 @@ pub use decode::{RawMeta, peek_watch_line};
 
 pub use builder::WatcherBuilder;
 pub use cache::{Cache, ReadStamp, Restored};
+pub use count::CountCheck;
 pub use driver::Watcher;
 pub use error::WatchError;
 pub use object::{

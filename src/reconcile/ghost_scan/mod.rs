@@ -16,7 +16,8 @@
 //! every two seconds and at most `--ghost-scan-qps`, made in rounds of up to
 //! `ROUND`: the scan finds a ghost within about one period plus
 //! `RECHECK_AFTER`, or targets / qps where the cap binds
-//! (docs/ghosts.md).
+//! (docs/ghosts.md). Only the leader scans (as only it resyncs): the
+//! other replicas act on nothing they would find.
 //!
 //! A ghost is declared on two reads, `RECHECK_AFTER` apart, that both find
 //! the object gone while the cache still holds the same incarnation: a
@@ -130,7 +131,9 @@ pub async fn run(ctx: Arc<Context>, pace: Pace, mut shutdown: watch::Receiver<bo
             () = stopped(&mut shutdown) => return,
         }
         let now = Instant::now();
-        if !ctx.stores.synced() {
+        // Only the leader scans: a replica that does not lead acts on
+        // nothing it would find, and its reads would double the cost.
+        if !ctx.stores.synced() || !ctx.leading() {
             if now >= next_round {
                 next_round = now + rounds.interval;
             }
