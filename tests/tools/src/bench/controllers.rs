@@ -120,6 +120,9 @@ pub struct GuardDefaults {
     pub resync_interval: Duration,
     /// `--ghost-scan-qps`.
     pub ghost_scan_qps: f64,
+    /// `--full-resync-interval`; `None` for a build without it, whose
+    /// every resync lists in full.
+    pub full_resync_interval: Option<Duration>,
 }
 
 impl GuardDefaults {
@@ -141,13 +144,16 @@ impl GuardDefaults {
         let value = |flag: &str| {
             flag_default(help, flag).with_context(|| format!("--help shows no default of {flag}"))
         };
-        let interval = value("--resync-interval")?;
-        let resync_interval = if interval.trim_end_matches(char::is_alphabetic) == "0" {
-            Duration::ZERO
-        } else {
-            crate::soak::parse_duration(interval)
-                .with_context(|| format!("--resync-interval's default {interval:?}"))?
+        let duration = |flag: &str, text: &str| -> Result<Duration> {
+            if text.trim_end_matches(char::is_alphabetic) == "0" {
+                return Ok(Duration::ZERO);
+            }
+            crate::soak::parse_duration(text).with_context(|| format!("{flag}'s default {text:?}"))
         };
+        let resync_interval = duration("--resync-interval", value("--resync-interval")?)?;
+        let full_resync_interval = flag_default(help, "--full-resync-interval")
+            .map(|text| duration("--full-resync-interval", text))
+            .transpose()?;
         let qps = value("--ghost-scan-qps")?;
         let ghost_scan_qps = qps
             .parse()
@@ -155,6 +161,7 @@ impl GuardDefaults {
         Ok(Self {
             resync_interval,
             ghost_scan_qps,
+            full_resync_interval,
         })
     }
 }
@@ -334,7 +341,18 @@ Options:
             Some(GuardDefaults {
                 resync_interval: Duration::from_secs(120),
                 ghost_scan_qps: 5.0,
+                full_resync_interval: None,
             })
+        );
+        let counted = HELP.replace(
+            "      --list-page-size",
+            "      --full-resync-interval <FULL_RESYNC_INTERVAL>\n          [default: 20m]\n\n      --list-page-size",
+        );
+        assert_eq!(
+            GuardDefaults::from_help(&counted)
+                .ok()
+                .and_then(|d| d.full_resync_interval),
+            Some(Duration::from_secs(1200))
         );
         assert_eq!(flag_default(HELP, "--ghost-scan-period"), Some("30m"));
         // A flag without a default of its own does not take the next flag's.

@@ -202,6 +202,10 @@ pub struct Resync {
     /// Pod flips through more resyncs of the same process.
     #[serde(default)]
     pub churn: Option<ResyncChurn>,
+    /// What the control plane spent from the process's readiness to the
+    /// first resync's end (the resync, and rest before it).
+    #[serde(default)]
+    pub control_plane: Option<Spend>,
 }
 
 /// Resyncs the resync phase runs under churn, after the first.
@@ -416,6 +420,7 @@ impl Bench {
                     .guard_resync_interval
                     .unwrap_or(defaults.resync_interval),
                 ghost_scan_qps: opts.ghost_scan_qps.unwrap_or(defaults.ghost_scan_qps),
+                full_resync_interval: defaults.full_resync_interval,
             };
             log(&format!(
                 "endpoints-guard: --resync-interval {:?}, --ghost-scan-qps {} (its defaults: {:?}, {})",
@@ -508,6 +513,11 @@ impl Bench {
                 let mut args = vec![format!("--controllers={}", self.kind.name())];
                 if let Some(interval) = resync.or(self.opts.guard_resync_interval) {
                     args.push(format!("--resync-interval={}ms", interval.as_millis()));
+                }
+                // The resync phase measures full resyncs: every one in full.
+                let counts = self.guard.is_some_and(|g| g.full_resync_interval.is_some());
+                if let (Some(interval), true) = (resync, counts) {
+                    args.push(format!("--full-resync-interval={}ms", interval.as_millis()));
                 }
                 if let Some(qps) = self.opts.ghost_scan_qps {
                     args.push(format!("--ghost-scan-qps={qps}"));
@@ -672,6 +682,10 @@ impl Bench {
                 .guard
                 .filter(|_| c == Controller::Guard)
                 .map(|g| g.resync_interval),
+            full_resync_interval: self
+                .guard
+                .filter(|_| c == Controller::Guard)
+                .and_then(|g| g.full_resync_interval),
             ghost,
             in_process,
             baseline: self.baseline,
@@ -819,6 +833,7 @@ impl Bench {
         let log_name = format!("endpoints-guard-resync-{}", self.kind.name());
         let mut r = self.start(Controller::Guard, Some(interval), &log_name)?;
         r.wait_ready(Duration::from_secs(600)).await?;
+        let plane_start = PlaneSample::read(&self.cp, &self.client).await?;
         let start = Instant::now();
         let mut samples: Vec<(SystemTime, procstat::CpuSample)> = Vec::new();
         let (duration_s, end) = loop {
@@ -845,6 +860,11 @@ impl Bench {
             .map(|(_, c)| c.clone())
             .unwrap_or_default();
         let (cpu_s, precise) = cpu_end.since(&cpu_start);
+        // From ready to the first resync's end: the resync, and the rest
+        // of a process at rest, which the baseline takes away again.
+        let control_plane = PlaneSample::read(&self.cp, &self.client)
+            .await?
+            .since(&plane_start, start.elapsed().as_secs_f64());
         let peak_rss_mb = r.peak_rss_mb()?;
         log(&format!(
             "{} endpoints-guard: pods flipped through {RESYNCS_UNDER_CHURN} resyncs",
@@ -869,6 +889,7 @@ impl Bench {
             cpu_from_ticks: !precise,
             peak_rss_mb,
             churn: Some(churn),
+            control_plane: Some(control_plane),
             ..Resync::default()
         };
         r.process.stop().await?;

@@ -37,9 +37,9 @@ pub struct Spend {
     pub consistency_checks: f64,
 }
 
-/// One figure a minute: with a controller, and beside it with none.
-#[derive(Clone, Copy, Debug)]
-pub struct PerMinute {
+/// The three figures of a [`Spend`]: over a minute, or in total.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Cost {
     pub apiserver_cpu_s: f64,
     pub etcd_cpu_s: f64,
     pub response_bytes: f64,
@@ -99,6 +99,21 @@ fn grown(now: f64, then: f64) -> f64 {
     if now >= then { now - then } else { now }
 }
 
+impl Cost {
+    /// `self` and `other` spread over `window_s` seconds, a minute of it.
+    pub fn plus_spread(self, other: Cost, window_s: f64) -> Cost {
+        if window_s <= 0.0 {
+            return self;
+        }
+        let per_min = 60.0 / window_s;
+        Cost {
+            apiserver_cpu_s: self.apiserver_cpu_s + other.apiserver_cpu_s * per_min,
+            etcd_cpu_s: self.etcd_cpu_s + other.etcd_cpu_s * per_min,
+            response_bytes: self.response_bytes + other.response_bytes * per_min,
+        }
+    }
+}
+
 impl Spend {
     fn per_min(&self, value: f64) -> f64 {
         if self.window_s > 0.0 {
@@ -109,20 +124,37 @@ impl Spend {
     }
 
     /// A minute of this window.
-    pub fn per_minute(&self) -> PerMinute {
-        PerMinute {
+    pub fn per_minute(&self) -> Cost {
+        Cost {
             apiserver_cpu_s: self.per_min(self.apiserver_cpu_s),
             etcd_cpu_s: self.per_min(self.etcd_cpu_s),
             response_bytes: self.per_min(self.response_bytes),
         }
     }
 
+    /// This window's spend less what `baseline` spends in as long: what a
+    /// controller added over the whole window.
+    pub fn added_over(&self, baseline: &Spend) -> Cost {
+        let rate = |value: f64| {
+            if baseline.window_s > 0.0 {
+                value * self.window_s / baseline.window_s
+            } else {
+                0.0
+            }
+        };
+        Cost {
+            apiserver_cpu_s: self.apiserver_cpu_s - rate(baseline.apiserver_cpu_s),
+            etcd_cpu_s: self.etcd_cpu_s - rate(baseline.etcd_cpu_s),
+            response_bytes: self.response_bytes - rate(baseline.response_bytes),
+        }
+    }
+
     /// A minute of this window less a minute of `baseline` (the same
     /// control plane with no controller): what the controller added. Noise
     /// can make it negative; it is reported as measured.
-    pub fn attributable_per_min(&self, baseline: &Spend) -> PerMinute {
+    pub fn attributable_per_min(&self, baseline: &Spend) -> Cost {
         let (with, without) = (self.per_minute(), baseline.per_minute());
-        PerMinute {
+        Cost {
             apiserver_cpu_s: with.apiserver_cpu_s - without.apiserver_cpu_s,
             etcd_cpu_s: with.etcd_cpu_s - without.etcd_cpu_s,
             response_bytes: with.response_bytes - without.response_bytes,
@@ -157,6 +189,21 @@ mod tests {
         let less = spend(60.0, 0.5, 0.5, 0.0).attributable_per_min(&baseline);
         assert!(less.apiserver_cpu_s < 0.0);
         assert_eq!(spend(0.0, 1.0, 1.0, 1.0).per_minute().apiserver_cpu_s, 0.0);
+    }
+
+    #[test]
+    fn a_full_resync_is_spread_over_its_interval() {
+        // 12 s holding one full resync, against 90 s of rest.
+        let resync = spend(12.0, 3.0, 1.2, 1_000_000.0);
+        let baseline = spend(90.0, 1.5, 0.75, 90_000.0);
+        let added = resync.added_over(&baseline);
+        assert!((added.apiserver_cpu_s - 2.8).abs() < 1e-9);
+        assert!((added.etcd_cpu_s - 1.1).abs() < 1e-9);
+        assert!((added.response_bytes - 988_000.0).abs() < 1e-6);
+        // Every 20 minutes: a twentieth of it a minute.
+        let at_rest = Cost::default().plus_spread(added, 1200.0);
+        assert!((at_rest.apiserver_cpu_s - 0.14).abs() < 1e-9);
+        assert_eq!(Cost::default().plus_spread(added, 0.0), Cost::default());
     }
 
     #[test]

@@ -71,6 +71,10 @@ pub struct RunResult {
     /// ([`requests_per_s_at_rest`]).
     #[serde(default)]
     pub api_requests_per_s_at_rest: Option<f64>,
+    /// endpoints-guard's `--full-resync-interval` in this run, seconds
+    /// (None: kube-controller-manager, or a build whose every resync is full).
+    #[serde(default)]
+    pub full_resync_interval_s: Option<f64>,
     /// kube-controller-manager's `--kube-api-qps` in this run (none for
     /// endpoints-guard; reports written before it was recorded: 20).
     #[serde(default)]
@@ -224,6 +228,7 @@ pub fn requests_per_s_at_rest(
     steady: Option<&Phase>,
     resync: Option<&Resync>,
     resync_interval_s: Option<f64>,
+    full_resync_interval_s: Option<f64>,
 ) -> Option<f64> {
     let steady = steady.filter(|s| s.wall_s > 0.0)?;
     let count = |verb: &str| steady.requests.get(verb).copied().unwrap_or(0);
@@ -233,7 +238,15 @@ pub fn requests_per_s_at_rest(
         return Some(all as f64 / steady.wall_s);
     }
     let one_resync = resync?.requests.get("list").copied().unwrap_or(0);
-    Some((all - count("list")) as f64 / steady.wall_s + one_resync as f64 / interval_s)
+    match full_resync_interval_s {
+        // Count checks between full resyncs: steady holds the checks (and
+        // no full resync, which comes minutes later); the full one's lists
+        // spread over its own interval.
+        Some(full_s) if full_s > interval_s => {
+            Some(all as f64 / steady.wall_s + one_resync as f64 / full_s)
+        }
+        _ => Some((all - count("list")) as f64 / steady.wall_s + one_resync as f64 / interval_s),
+    }
 }
 
 /// The ghost phase's outcome in words: seconds, "not within N s", or "not
@@ -262,6 +275,7 @@ pub(super) struct Parts<'a> {
     pub resync: Option<Resync>,
     pub ghost_scan_qps: Option<f64>,
     pub resync_interval: Option<std::time::Duration>,
+    pub full_resync_interval: Option<std::time::Duration>,
     pub ghost: Option<Ghost>,
     pub client_qps: Option<u32>,
     pub in_process: Option<InProcess>,
@@ -293,12 +307,30 @@ pub(super) fn assemble(parts: Parts<'_>) -> RunResult {
         parts.phases.get("steady"),
         parts.resync.as_ref(),
         resync_interval_s,
+        parts.full_resync_interval.map(|i| i.as_secs_f64()),
     );
+    let full_resync_interval_s = parts.full_resync_interval.map(|i| i.as_secs_f64());
+    // Full resyncs rarer than the resyncs steady holds: each one's cost, as
+    // the resync phase measured it, spread over the full interval.
+    let spread_full = match (full_resync_interval_s, resync_interval_s) {
+        (Some(full), Some(every)) if full > every && every > 0.0 => parts
+            .resync
+            .as_ref()
+            .and_then(|r| r.control_plane)
+            .map(|spend| (spend.added_over(&parts.baseline), full)),
+        _ => None,
+    };
     let at_rest = parts
         .phases
         .get("steady")
         .and_then(|p| p.control_plane)
-        .map(|spend| spend.attributable_per_min(&parts.baseline));
+        .map(|spend| {
+            let steady = spend.attributable_per_min(&parts.baseline);
+            match spread_full {
+                Some((full, interval_s)) => steady.plus_spread(full, interval_s),
+                None => steady,
+            }
+        });
     let churn_p99_during_resync_ms = parts
         .resync
         .as_ref()
@@ -335,6 +367,7 @@ pub(super) fn assemble(parts: Parts<'_>) -> RunResult {
         ghost_found_s: parts.ghost.as_ref().and_then(|g| g.found_s),
         ghost: parts.ghost,
         api_requests_per_s_at_rest,
+        full_resync_interval_s,
         client_qps: parts.client_qps,
         in_process: parts.in_process,
         apiserver_cpu_s_per_min_at_rest: at_rest.map(|m| m.apiserver_cpu_s),
@@ -939,6 +972,7 @@ mod tests {
             Some(&window),
             Some(&resync(6, 1)),
             Some(120.0),
+            None,
         );
         assert_eq!(rate, Some(300.0 / 60.0 + 6.0 / 120.0));
         // A window without the resync: the same rate.
@@ -948,18 +982,32 @@ mod tests {
                 Controller::Guard,
                 Some(&quiet),
                 Some(&resync(6, 1)),
-                Some(120.0)
+                Some(120.0),
+                None
             ),
             rate
         );
         // Resync off: the window as it is.
         assert_eq!(
-            requests_per_s_at_rest(Controller::Guard, Some(&window), None, Some(0.0)),
+            requests_per_s_at_rest(Controller::Guard, Some(&window), None, Some(0.0), None),
             Some(306.0 / 60.0)
+        );
+        // Count checks every 120 s, a full resync every 1,200 s: steady's
+        // checks (two lists per resource) as they are, the full lists spread.
+        let checks = steady(60.0, &[("get", 300), ("list", 4)]);
+        assert_eq!(
+            requests_per_s_at_rest(
+                Controller::Guard,
+                Some(&checks),
+                Some(&resync(6, 1)),
+                Some(120.0),
+                Some(1200.0)
+            ),
+            Some(304.0 / 60.0 + 6.0 / 1200.0)
         );
         // No resync measured: no figure.
         assert_eq!(
-            requests_per_s_at_rest(Controller::Guard, Some(&window), None, Some(120.0)),
+            requests_per_s_at_rest(Controller::Guard, Some(&window), None, Some(120.0), None),
             None
         );
     }
@@ -969,17 +1017,17 @@ mod tests {
         let window = steady(60.0, &[("watch", 2), ("get", 3), ("update", 3)]);
         for c in [Controller::Upstream, Controller::UpstreamFast] {
             assert_eq!(
-                requests_per_s_at_rest(c, Some(&window), None, None),
+                requests_per_s_at_rest(c, Some(&window), None, None, None),
                 Some(0.1)
             );
         }
         assert_eq!(
-            requests_per_s_at_rest(Controller::Upstream, None, None, None),
+            requests_per_s_at_rest(Controller::Upstream, None, None, None, None),
             None
         );
         let empty = steady(0.0, &[]);
         assert_eq!(
-            requests_per_s_at_rest(Controller::Upstream, Some(&empty), None, None),
+            requests_per_s_at_rest(Controller::Upstream, Some(&empty), None, None, None),
             None
         );
     }
@@ -1015,6 +1063,7 @@ mod tests {
             resync: guard.then(|| resync(6, 0)),
             ghost_scan_qps: guard.then_some(5.0),
             resync_interval: guard.then_some(std::time::Duration::from_secs(120)),
+            full_resync_interval: None,
             ghost,
             client_qps: (!guard).then_some(20),
             in_process: None,
