@@ -80,6 +80,9 @@ pub struct BenchOptions {
     /// endpoints-guard's `--resync-interval` in its measured run; `None`:
     /// the binary's default.
     pub guard_resync_interval: Option<Duration>,
+    /// endpoints-guard's `--full-resync-interval` in its measured run;
+    /// `None`: the binary's default.
+    pub guard_full_resync_interval: Option<Duration>,
     /// endpoints-guard's `--ghost-scan-qps` in every phase (the reads it
     /// makes at rest, reported on their own in steady); `None`: the binary's
     /// default.
@@ -131,6 +134,7 @@ impl BenchOptions {
             steady: Duration::from_secs(180),
             resync_phase_interval: Duration::from_secs(10),
             guard_resync_interval: None,
+            guard_full_resync_interval: None,
             ghost_scan_qps: None,
             // kube-controller-manager with raised client limits has the same
             // informers as at its defaults, so the same answer.
@@ -420,7 +424,9 @@ impl Bench {
                     .guard_resync_interval
                     .unwrap_or(defaults.resync_interval),
                 ghost_scan_qps: opts.ghost_scan_qps.unwrap_or(defaults.ghost_scan_qps),
-                full_resync_interval: defaults.full_resync_interval,
+                full_resync_interval: opts
+                    .guard_full_resync_interval
+                    .or(defaults.full_resync_interval),
             };
             log(&format!(
                 "endpoints-guard: --resync-interval {:?}, --ghost-scan-qps {} (its defaults: {:?}, {})",
@@ -516,8 +522,16 @@ impl Bench {
                 }
                 // The resync phase measures full resyncs: every one in full.
                 let counts = self.guard.is_some_and(|g| g.full_resync_interval.is_some());
-                if let (Some(interval), true) = (resync, counts) {
-                    args.push(format!("--full-resync-interval={}ms", interval.as_millis()));
+                match (resync, counts) {
+                    (Some(interval), true) => {
+                        args.push(format!("--full-resync-interval={}ms", interval.as_millis()));
+                    }
+                    (None, _) => {
+                        if let Some(full) = self.opts.guard_full_resync_interval {
+                            args.push(format!("--full-resync-interval={}ms", full.as_millis()));
+                        }
+                    }
+                    _ => {}
                 }
                 if let Some(qps) = self.opts.ghost_scan_qps {
                     args.push(format!("--ghost-scan-qps={qps}"));

@@ -8,7 +8,7 @@
 //! eg-bench [--size S|M|L|XL|N] [--kind endpoints|endpointslices|both] [--rate PODS_PER_S]
 //!          [--churn-secs N] [--steady-secs N] [--resync-secs N] [--out DIR]
 //!          [--only CONTROLLER[,CONTROLLER]...] [--upstream-arg FLAG]...
-//!          [--guard-resync-secs N] [--ghost-scan-qps N] [--fast-qps N] [--repeat N]
+//!          [--guard-resync-secs N] [--guard-full-resync-secs N] [--ghost-scan-qps N] [--fast-qps N] [--repeat N]
 //!          [--ghost CONTROLLER[,CONTROLLER]...|none] [--ghost-kind endpoints|endpointslices|both|none]
 //!          [--ghost-timeout-secs N] [--etcd-compaction-secs N]
 //!   CONTROLLER: endpoints-guard | kube-controller-manager | kube-controller-manager-fast
@@ -16,7 +16,7 @@
 //! ```
 //!
 //! `--resync-secs` is the interval of the resync phase's fresh process;
-//! `--guard-resync-secs` and `--ghost-scan-qps` set endpoints-guard's flags
+//! `--guard-resync-secs`, `--guard-full-resync-secs` and `--ghost-scan-qps` set endpoints-guard's flags
 //! in its measured run (unset: the binary's defaults). `--ghost` names the
 //! controllers whose runs have the ghost phase (default endpoints-guard and
 //! kube-controller-manager; `--ghost-kind` the kinds, default both), each
@@ -37,7 +37,7 @@ fn usage() -> &'static str {
      [--churn-secs N] [--steady-secs N] \
      [--resync-secs N] [--out DIR] \
      [--only endpoints-guard|kube-controller-manager|kube-controller-manager-fast[,...]] \
-     [--upstream-arg FLAG]... [--apiserver-arg FLAG]... [--guard-resync-secs N] [--ghost-scan-qps N] [--fast-qps N] [--repeat N] \
+     [--upstream-arg FLAG]... [--apiserver-arg FLAG]... [--guard-resync-secs N] [--guard-full-resync-secs N] [--ghost-scan-qps N] [--fast-qps N] [--repeat N] \
      [--ghost CONTROLLER[,...]|none] [--ghost-kind endpoints|endpointslices|both|none] \
      [--ghost-timeout-secs N] [--etcd-compaction-secs N] | eg-bench --render [--out DIR]"
 }
@@ -88,6 +88,7 @@ fn parse() -> Result<BenchOptions> {
             "--steady-secs" => opts.steady = secs(&value)?,
             "--resync-secs" => opts.resync_phase_interval = secs(&value)?,
             "--guard-resync-secs" => opts.guard_resync_interval = Some(secs(&value)?),
+            "--guard-full-resync-secs" => opts.guard_full_resync_interval = Some(secs(&value)?),
             "--ghost" if value == "none" => opts.ghost_controllers.clear(),
             "--ghost" => opts.ghost_controllers = controllers("--ghost", &value)?,
             "--ghost-kind" if value == "none" => opts.ghost_kinds.clear(),
