@@ -1,7 +1,8 @@
 //! What kube-apiserver and etcd spend, read at the start and end of a
 //! window: their CPU from /proc ([`procstat`]) and the bytes of the
 //! responses kube-apiserver sent (`apiserver_response_sizes_sum`, every
-//! request but watches, whose events it does not count). A controller's
+//! request but watches: a watch's bytes are counted only when it ends,
+//! minutes after they were sent, in whichever window that falls). A controller's
 //! cost to the control plane is a window with it running against the same
 //! window with no controller ([`Spend::attributable_per_min`]).
 
@@ -66,7 +67,8 @@ impl PlaneSample {
         Ok(Self {
             apiserver: CpuSample::read(apiserver)?,
             etcd,
-            response_bytes: sample_sum(&text, "apiserver_response_sizes_sum").unwrap_or(0.0),
+            response_bytes: sample_sum(&text, "apiserver_response_sizes_sum").unwrap_or(0.0)
+                - sample_sum(&text, "apiserver_response_sizes_sum{verb=\"WATCH\"}").unwrap_or(0.0),
             // The series appear with the first check.
             consistency_checks: sample_sum(&text, "apiserver_storage_consistency_checks_total")
                 .unwrap_or(0.0),
