@@ -148,7 +148,8 @@ pub struct Config {
     /// there (served from etcd where a full list would be), and a full list of that
     /// resource only where the count differs (a lost DELETE or ADD, a
     /// ghost once kube-apiserver serves the list from etcd) or gives no
-    /// answer. What a count cannot see (an object changed in place that the
+    /// answer, or where deletion candidates or drift from the last list wait
+    /// to be settled. What a count cannot see (an object changed in place that the
     /// watch missed) waits for the full list. At or below --resync-interval
     /// every resync lists in full.
     #[arg(long, env = "EG_FULL_RESYNC_INTERVAL", default_value = "20m", value_parser = parse_duration)]

@@ -101,7 +101,10 @@ async fn resync_kind<K: Kind>(ctx: &Context, depth: Depth) -> Result<KindResync>
         return Ok(KindResync::default());
     }
     let store = K::store(&ctx.stores);
-    if depth == Depth::Counts {
+    // Deletion candidates and drift held from the last list are settled by
+    // the next list, which a count check is not.
+    let awaits_a_list = store.read().awaits_a_list();
+    if depth == Depth::Counts && !awaits_a_list {
         let checked = match tokio::time::timeout(LIST_TIMEOUT, store.count_check()).await {
             Ok(checked) => checked?,
             Err(_) => CountCheck::Unknown("no answer in time".into()),

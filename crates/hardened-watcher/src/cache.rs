@@ -86,6 +86,9 @@ pub struct Cache<T: Cached> {
     pub(super) drift: PendingDrift,
     /// Advanced by [`Cache::tick`]: the age of tombstones and confirmations.
     pub(super) tick: u64,
+    /// Items of the last complete list that could not be decoded or
+    /// projected: in the store, never in the cache.
+    pub(super) skipped: usize,
 }
 
 impl<T: Cached> Default for Cache<T> {
@@ -100,6 +103,7 @@ impl<T: Cached> Default for Cache<T> {
             labels: LabelIndex::default(),
             drift: PendingDrift::default(),
             tick: 0,
+            skipped: 0,
         }
     }
 }
@@ -391,6 +395,20 @@ impl<T: Cached> Cache<T> {
     /// Confirmed deletions still remembered.
     pub fn confirmed_count(&self) -> usize {
         self.confirmed.len()
+    }
+
+    /// Items of the last complete list that could not be decoded or
+    /// projected (the store holds them, the cache cannot): a count check
+    /// adds them to the cache's.
+    pub fn skipped_in_last_list(&self) -> usize {
+        self.skipped
+    }
+
+    /// Whether only another list can settle something: a deletion candidate
+    /// not yet confirmed, or a difference the last list found that waits
+    /// to be counted as drift or watch lag. A count check cannot.
+    pub fn awaits_a_list(&self) -> bool {
+        !self.tombstones.is_empty() || !self.drift.keys.is_empty()
     }
 
     /// Highest RV the store is known to have reached.

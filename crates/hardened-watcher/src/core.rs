@@ -87,6 +87,8 @@ pub struct WatchCore<T: Cached> {
     pub(super) arrived: Instant,
     /// Where the resync in progress stands on its list at an exact RV.
     pub(super) exact: ExactResync,
+    /// Items of the list in progress that could not be decoded or projected.
+    pub(super) list_skipped: usize,
 }
 
 /// A resync lists at exactly the store's current revision, which a one-item
@@ -134,6 +136,7 @@ impl<T: Cached> WatchCore<T> {
             report: ResyncReport::default(),
             arrived: Instant::now(),
             exact: ExactResync::Unasked,
+            list_skipped: 0,
         }
     }
 
@@ -195,6 +198,7 @@ impl<T: Cached> WatchCore<T> {
                 return Step::Act(Action::Probe);
             }
             self.list = Some(ListDiffBuilder::new(&self.store.read(), self.next_mode));
+            self.list_skipped = 0;
         }
         let mut action = self.machine.next_action();
         if let Action::List {
@@ -286,6 +290,7 @@ impl<T: Cached> WatchCore<T> {
         for _ in 0..undecodable {
             self.observer.undecodable(self.resource());
         }
+        self.list_skipped += undecodable;
         let Some(builder) = self.list.as_mut() else {
             // A page without a list started: cannot happen with `next_step`.
             warn!("list page arrived outside a list; relisting");
@@ -346,7 +351,11 @@ impl<T: Cached> WatchCore<T> {
             return;
         };
         let known_rv = builder.floor().map(str::to_owned);
-        let outcome: ListOutcome<T> = builder.finish(&mut self.store.write());
+        let outcome: ListOutcome<T> = {
+            let mut cache = self.store.write();
+            cache.skipped = self.list_skipped;
+            builder.finish(&mut cache)
+        };
         for kind in &outcome.leftover_drift {
             self.observer.drift(self.resource(), *kind);
         }

@@ -330,12 +330,20 @@ where
             .await
             .and_then(|body| listed_count(&body).map_err(kube::Error::SerdeError))
             .map_err(|err| err.to_string());
+        // What the last full list could not decode the store still holds.
         let (cached, cache_rv) = {
             let cache = self.core.store().read();
-            (cache.len(), cache.highest_rv().map(str::to_owned))
+            (
+                cache.len() + cache.skipped_in_last_list(),
+                cache.highest_rv().map(str::to_owned),
+            )
         };
         let checked = count::compare(&store_rv, cached, listed);
         debug!(?checked, ?cache_rv, "count check");
+        // Repairs and housekeeping change the cache outside any list or
+        // event: its size gauges are brought up to date here, as a full
+        // list would.
+        self.core.report_size();
         checked
     }
 

@@ -361,14 +361,19 @@ fn counted(total: u64, rv: &str) -> Reply {
 async fn a_count_check_lists_one_item_at_the_stores_resourceversion_and_keeps_the_watch() {
     let probe = |rv: &str| list(vec![svc("a", "100")], rv, Some("more"));
     let script = vec![
-        list(vec![svc("a", "100"), svc("b", "110")], "200", None),
+        // One object it cannot decode: the store holds it, the cache cannot.
+        list(
+            vec![svc("a", "100"), svc("b", "110"), bad_svc("bad", "120")],
+            "200",
+            None,
+        ),
         Reply::Hang,
-        // The cache's two objects, then one more than it holds (an ADD the
-        // watch has not delivered, or lost), then an error.
+        // The cache's two objects and the one it skipped, then one more (an
+        // ADD the watch has not delivered, or lost), then an error.
         probe("230"),
-        counted(2, "230"),
+        counted(3, "230"),
         probe("240"),
-        counted(3, "240"),
+        counted(4, "240"),
         probe("250"),
         Reply::status(410, "Expired", "too old resource version", None),
     ];
@@ -383,8 +388,8 @@ async fn a_count_check_lists_one_item_at_the_stores_resourceversion_and_keeps_th
         second.ok(),
         Some(CountCheck::Differs {
             rv: "240".into(),
-            cached: 2,
-            listed: 3
+            cached: 3,
+            listed: 4
         })
     );
     assert!(
