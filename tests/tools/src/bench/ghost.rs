@@ -15,7 +15,7 @@
 
 use std::collections::BTreeMap;
 
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 use kube::Client;
 use serde::{Deserialize, Serialize};
 
@@ -66,13 +66,7 @@ pub fn pod_index(pods: usize, flips: u64) -> Option<usize> {
 
 /// kube-apiserver's failed consistency checks of its pod cache so far.
 pub async fn apiserver_check_failures(client: &Client) -> Result<u64> {
-    let request = http::Request::get("/metrics")
-        .body(Vec::new())
-        .context("building GET /metrics")?;
-    let text = client
-        .request_text(request)
-        .await
-        .context("reading kube-apiserver's /metrics")?;
+    let text = super::plane::apiserver_metrics(client).await?;
     let failures = super::procstat::metric(
         &text,
         "apiserver_storage_consistency_checks_total{resource=\"pods\",status=\"failure\"}",

@@ -57,13 +57,7 @@ impl PlaneSample {
             .into_iter()
             .map(CpuSample::read)
             .collect::<Result<Vec<_>>>()?;
-        let request = http::Request::get("/metrics")
-            .body(Vec::new())
-            .context("building GET /metrics")?;
-        let text = client
-            .request_text(request)
-            .await
-            .context("reading kube-apiserver's /metrics")?;
+        let text = apiserver_metrics(client).await?;
         Ok(Self {
             apiserver: CpuSample::read(apiserver)?,
             etcd,
@@ -93,6 +87,17 @@ impl PlaneSample {
             consistency_checks: grown(self.consistency_checks, earlier.consistency_checks),
         }
     }
+}
+
+/// kube-apiserver's `/metrics`, as text.
+pub async fn apiserver_metrics(client: &Client) -> Result<String> {
+    let request = http::Request::get("/metrics")
+        .body(Vec::new())
+        .context("building GET /metrics")?;
+    client
+        .request_text(request)
+        .await
+        .context("reading kube-apiserver's /metrics")
 }
 
 /// How much a counter grew from `then` to `now`; one that went back was
