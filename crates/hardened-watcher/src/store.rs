@@ -157,15 +157,7 @@ impl<T: Cached> Store<T> {
     /// Asks the watcher for a consistent relist and waits until one has been
     /// applied (the periodic resync). Fails if no watcher runs.
     pub async fn resync(&self) -> Result<ResyncReport, WatchError> {
-        let gone = || WatchError::WatcherGone {
-            resource: self.inner.resource.to_string(),
-        };
-        let (reply, answer) = oneshot::channel();
-        self.inner
-            .requests
-            .send(Request::Resync(reply))
-            .map_err(|_| gone())?;
-        answer.await.map_err(|_| gone())
+        self.ask(Request::Resync).await
     }
 
     /// Compares how many objects the store holds at its current
@@ -173,14 +165,20 @@ impl<T: Cached> Store<T> {
     /// (see [`CountCheck`]): far cheaper than [`Store::resync`], which only
     /// a difference (or no answer) calls for. The watch stays open.
     pub async fn count_check(&self) -> Result<CountCheck, WatchError> {
+        self.ask(Request::CountCheck).await
+    }
+
+    /// Sends the watcher the request `make` builds around a reply channel
+    /// and waits for the answer. Fails if no watcher runs.
+    async fn ask<R>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<R>) -> Request,
+    ) -> Result<R, WatchError> {
         let gone = || WatchError::WatcherGone {
             resource: self.inner.resource.to_string(),
         };
         let (reply, answer) = oneshot::channel();
-        self.inner
-            .requests
-            .send(Request::CountCheck(reply))
-            .map_err(|_| gone())?;
+        self.inner.requests.send(make(reply)).map_err(|_| gone())?;
         answer.await.map_err(|_| gone())
     }
 
