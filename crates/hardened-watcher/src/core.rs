@@ -57,6 +57,22 @@ pub(super) struct DisputedList {
     known_rv: Option<String>,
 }
 
+/// What the end of a complete list leaves to do.
+pub(super) enum Finished {
+    /// Its pages came from different snapshots: list again.
+    Inconsistent,
+    /// Live reads must settle some of its items first (or no list was in
+    /// progress).
+    Disputed,
+    /// Applied: the watch goes on.
+    Applied {
+        /// The list's RV.
+        list_rv: String,
+        /// The mode it ended in.
+        mode: ListMode,
+    },
+}
+
 /// The decisions of one watcher.
 pub struct WatchCore<T: Cached> {
     pub(super) machine: Machine,
@@ -89,6 +105,11 @@ pub struct WatchCore<T: Cached> {
     pub(super) exact: ExactResync,
     /// Items of the list in progress that could not be decoded or projected.
     pub(super) list_skipped: usize,
+    /// A watch stream is open (from [`WatchCore::on_watch_started`] until it
+    /// ends): a resync then lists beside it rather than closing it.
+    pub(super) watch_open: bool,
+    /// The resync listing beside the open watch (`core_beside.rs`).
+    pub(super) beside: Option<super::core_beside::Beside>,
 }
 
 /// A resync lists at exactly the store's current revision, which a one-item
@@ -137,6 +158,8 @@ impl<T: Cached> WatchCore<T> {
             arrived: Instant::now(),
             exact: ExactResync::Unasked,
             list_skipped: 0,
+            watch_open: false,
+            beside: None,
         }
     }
 
@@ -282,32 +305,11 @@ impl<T: Cached> WatchCore<T> {
                 return;
             }
         };
-        let undecodable = page
-            .items
-            .iter()
-            .filter(|e| matches!(e, Listed::Unknown(_)))
-            .count();
-        for _ in 0..undecodable {
-            self.observer.undecodable(self.resource());
-        }
-        self.list_skipped += undecodable;
-        let Some(builder) = self.list.as_mut() else {
+        if !self.apply_page(page.items, &page.resource_version) {
             // A page without a list started: cannot happen with `next_step`.
             warn!("list page arrived outside a list; relisting");
             self.machine.request_relist(RestartReason::ListError);
             return;
-        };
-        let was_rewound = builder.rewound();
-        builder.apply_page(&mut self.store.write(), page.items, &page.resource_version);
-        if builder.rewound() && !was_rewound {
-            // The store's own high-water mark already is the list's RV here:
-            // the list's floor is what it held before.
-            let known_rv = builder.floor().map(str::to_owned);
-            self.start_rewind(
-                &page.resource_version,
-                known_rv.as_deref(),
-                "the consistent list's RV",
-            );
         }
         match self
             .machine
@@ -316,6 +318,31 @@ impl<T: Cached> WatchCore<T> {
             PageOutcome::More | PageOutcome::Invalid => {}
             PageOutcome::Complete { list_rv } => self.finish_list(list_rv),
         }
+    }
+
+    /// Applies a page's items to the list in progress (counting the
+    /// undecodable ones); false when no list is in progress.
+    pub(super) fn apply_page(&mut self, items: Vec<Listed<T>>, page_rv: &str) -> bool {
+        let undecodable = items
+            .iter()
+            .filter(|e| matches!(e, Listed::Unknown(_)))
+            .count();
+        for _ in 0..undecodable {
+            self.observer.undecodable(self.resource());
+        }
+        self.list_skipped += undecodable;
+        let Some(builder) = self.list.as_mut() else {
+            return false;
+        };
+        let was_rewound = builder.rewound();
+        builder.apply_page(&mut self.store.write(), items, page_rv);
+        if builder.rewound() && !was_rewound {
+            // The store's own high-water mark already is the list's RV here:
+            // the list's floor is what it held before.
+            let known_rv = builder.floor().map(str::to_owned);
+            self.start_rewind(page_rv, known_rv.as_deref(), "the consistent list's RV");
+        }
+        true
     }
 
     /// The store went back from `known_rv` (the highest RV known before the
@@ -339,7 +366,7 @@ impl<T: Cached> WatchCore<T> {
 
     /// A list that failed midway: its upserts are real changes; nothing
     /// was taken for deleted.
-    fn abort_list(&mut self) {
+    pub(super) fn abort_list(&mut self) {
         if let Some(builder) = self.list.take() {
             let diff = builder.abort();
             self.emit_all(diff.changes);
@@ -347,8 +374,18 @@ impl<T: Cached> WatchCore<T> {
     }
 
     fn finish_list(&mut self, list_rv: String) {
+        match self.end_list(list_rv) {
+            Finished::Inconsistent => self.machine.request_relist(RestartReason::ListError),
+            Finished::Disputed => {}
+            Finished::Applied { list_rv, mode } => self.after_list(&list_rv, mode),
+        }
+    }
+
+    /// Ends the complete list in progress: applies its diff, hands its
+    /// changes to the sink, and sets its disputes aside for live reads.
+    pub(super) fn end_list(&mut self, list_rv: String) -> Finished {
         let Some(builder) = self.list.take() else {
-            return;
+            return Finished::Disputed;
         };
         let known_rv = builder.floor().map(str::to_owned);
         let outcome: ListOutcome<T> = {
@@ -384,23 +421,25 @@ impl<T: Cached> WatchCore<T> {
         if outcome.list_rv.is_none() {
             // Pages of different snapshots: nothing was deleted; list again.
             warn!("list pages disagreed on the resourceVersion; relisting");
-            self.machine.request_relist(RestartReason::ListError);
-            return;
+            return Finished::Inconsistent;
         }
         if diff.disputes.is_empty() {
-            self.after_list(&list_rv, outcome.mode);
-        } else {
-            self.disputes = diff.disputes.into();
-            self.after_disputes = Some(DisputedList {
+            return Finished::Applied {
                 list_rv,
                 mode: outcome.mode,
-                known_rv,
-            });
+            };
         }
+        self.disputes = diff.disputes.into();
+        self.after_disputes = Some(DisputedList {
+            list_rv,
+            mode: outcome.mode,
+            known_rv,
+        });
+        Finished::Disputed
     }
 
     /// The list is in: say where the watch starts, and that the cache is synced.
-    fn after_list(&mut self, list_rv: &str, mode: ListMode) {
+    pub(super) fn after_list(&mut self, list_rv: &str, mode: ListMode) {
         match mode {
             ListMode::Recover => self.machine.watch_from_list(list_rv),
             ListMode::Resync => {
@@ -412,6 +451,12 @@ impl<T: Cached> WatchCore<T> {
                 self.replay_until = None;
             }
         }
+        self.list_applied();
+    }
+
+    /// A list's diff is in the cache: the cache is synced, and the resyncs
+    /// waiting for a list hear what it changed.
+    pub(super) fn list_applied(&mut self) {
         self.next_mode = ListMode::Recover;
         if self.store.set_synced(true) {
             self.observer.synced(self.resource(), true);
@@ -484,7 +529,10 @@ impl<T: Cached> WatchCore<T> {
     /// Something asks for a relist. Returns whether a watch in progress must
     /// end for it.
     pub(super) fn on_request(&mut self, request: Request) -> bool {
-        let busy = self.list.is_some() || !self.disputes.is_empty() || self.machine.starts_list();
+        let busy = self.list.is_some()
+            || self.beside.is_some()
+            || !self.disputes.is_empty()
+            || self.machine.starts_list();
         match request {
             Request::Resync(reply) => {
                 self.waiting.push(reply);
@@ -493,6 +541,11 @@ impl<T: Cached> WatchCore<T> {
                     return false;
                 }
                 self.exact = ExactResync::Unasked;
+                if self.watch_open && self.next_mode == ListMode::Recover {
+                    // The watch goes on; the list runs beside it.
+                    self.start_beside();
+                    return false;
+                }
                 if self.next_mode == ListMode::Recover {
                     self.next_mode = ListMode::Resync;
                 }
@@ -513,7 +566,7 @@ impl<T: Cached> WatchCore<T> {
         }
     }
 
-    fn relist(&mut self, reason: RestartReason) -> bool {
+    pub(super) fn relist(&mut self, reason: RestartReason) -> bool {
         debug!(reason = reason.metric_label(), "relist requested");
         self.machine.request_relist(reason);
         self.observer.restart(self.resource(), reason);
@@ -548,7 +601,7 @@ impl<T: Cached> WatchCore<T> {
 
 /// The pause a 429 Too Many Requests asks for (its Status's
 /// `retryAfterSeconds`, else one second); `None` for any other error.
-fn throttled(err: &kube::Error) -> Option<std::time::Duration> {
+pub(super) fn throttled(err: &kube::Error) -> Option<std::time::Duration> {
     match err {
         kube::Error::Api(status) if status.code == 429 => {
             let seconds = status.details.as_ref().map_or(0, |d| d.retry_after_seconds);

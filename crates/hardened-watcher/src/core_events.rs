@@ -55,10 +55,12 @@ impl<T: Cached> WatchCore<T> {
     /// The WATCH request was accepted.
     pub fn on_watch_started(&mut self) {
         self.machine.on_watch_started();
+        self.on_watch_opened();
     }
 
     /// The stream ended cleanly (the server's timeout).
     pub fn on_stream_end(&mut self) {
+        self.on_watch_closed();
         let reason = self.machine.on_stream_end();
         debug!(reason = reason.metric_label(), resume_rv = ?self.machine.resume_rv(), "watch ended");
         self.observer.restart(self.resource(), reason);
@@ -66,6 +68,7 @@ impl<T: Cached> WatchCore<T> {
 
     /// The connection broke, or went silent.
     pub fn on_connect_error(&mut self) {
+        self.on_watch_closed();
         let reason = self.machine.on_connect_error();
         self.observer.restart(self.resource(), reason);
     }
@@ -109,6 +112,7 @@ impl<T: Cached> WatchCore<T> {
             }
             WatchInput::Error(status) | WatchInput::Status(status) => {
                 warn!(code = status.code, reason = %status.reason, message = %status.message, "watch ERROR event; relisting");
+                self.on_watch_closed();
                 let reason = self
                     .machine
                     .on_watch_error_event(status.code, &status.reason);
@@ -154,6 +158,7 @@ impl<T: Cached> WatchCore<T> {
             return false;
         }
         let rv = &meta.resource_version;
+        self.note_event_beside(&meta.key, rv);
         self.observe_rv(rv);
         self.note_replay(rv);
         self.settle_drift(rv);
@@ -180,6 +185,7 @@ impl<T: Cached> WatchCore<T> {
     pub fn on_event(&mut self, kind: WatchEventKind, obj: T) -> Outcome<T> {
         let key = obj.key();
         let rv = obj.resource_version().to_owned();
+        self.note_event_beside(&key, &rv);
         let opaque = self.observe_rv(&rv);
         let (outcome, fell_back) = {
             let mut cache = self.store.write();

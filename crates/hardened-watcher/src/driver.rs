@@ -3,9 +3,12 @@
 //! (and its machine and cache); this file only does I/O and waiting.
 
 use std::fmt::Debug;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::future::OptionFuture;
 use futures::{AsyncBufReadExt, AsyncRead, AsyncReadExt, Stream, StreamExt, TryStreamExt};
 use http_body_util::BodyExt;
 use kube::api::{Api, WatchParams};
@@ -15,6 +18,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::core::{Sink, Step, WatchCore};
+use super::core_beside::BesideStep;
 use super::count::{self, CountCheck, listed_count};
 use super::decode::{WatchInput, decode_object, parse_watch_line, peek_watch_line};
 use super::error::WatchError;
@@ -374,31 +378,63 @@ where
         request: &kube::core::Request,
         page: &PageAt<'_>,
     ) -> Flow {
-        let fetch = async {
-            match self.protobuf {
-                Some(_) => fetch_page_either(client, request, page).await,
-                None => fetch_page(client, request, page).await.map(ListBody::Json),
-            }
-        };
+        let protobuf = self.protobuf.is_some();
         let page = tokio::select! {
-            page = fetch => page,
+            page = fetch_list_body(client, request, page, protobuf) => page,
             () = stopped(&mut self.shutdown) => return Flow::Stop,
         };
         self.core.input_arrived(Instant::now());
+        let page = self.decode_list_body(page);
+        self.core.on_list_page(page);
+        Flow::Continue
+    }
+
+    /// Decodes a LIST page's body object by object.
+    fn decode_list_body(
+        &self,
+        body: Result<ListBody, kube::Error>,
+    ) -> Result<super::list::Page<T>, kube::Error> {
         let project = &self.project;
-        let page = page.and_then(|body| match (self.protobuf, &body) {
+        body.and_then(|body| match (self.protobuf, &body) {
             (Some(decode), _) => body.decode(decode, project),
             (None, ListBody::Json(text)) => decode_page(text, project),
             // Protobuf comes only from a list that asked for it.
             (None, ListBody::Protobuf(_)) => {
                 Err(kube::Error::Service("an unrequested protobuf list".into()))
             }
-        });
-        self.core.on_list_page(page);
-        Flow::Continue
+        })
+    }
+
+    /// Hands the answer of a request of the resync listing beside the watch
+    /// to the core; returns whether the watch must end.
+    fn on_beside_answer(&mut self, answer: BesideAnswer) -> bool {
+        self.core.input_arrived(Instant::now());
+        match answer {
+            BesideAnswer::Probe(store_rv) => self.core.on_beside_probe(store_rv),
+            BesideAnswer::Page(body) => {
+                let page = self.decode_list_body(body);
+                self.core.on_beside_page(page)
+            }
+            BesideAnswer::PauseOver => {
+                self.core.on_beside_pause_elapsed();
+                false
+            }
+        }
     }
 
     async fn watch(
+        &mut self,
+        client: &kube::Client,
+        request: &kube::core::Request,
+        rv: &str,
+    ) -> Result<Flow, WatchError> {
+        let flow = self.watch_until_closed(client, request, rv).await;
+        // However it ended, a resync listing beside it ends with it.
+        self.core.on_watch_closed();
+        flow
+    }
+
+    async fn watch_until_closed(
         &mut self,
         client: &kube::Client,
         request: &kube::core::Request,
@@ -430,10 +466,30 @@ where
         };
         self.core.on_watch_started();
         let mut stream = std::pin::pin!(stream);
+        let mut heard = tokio::time::Instant::now();
+        // The request of a resync listing beside this watch, while one is out.
+        let mut beside: Option<BesideRequest> = None;
         loop {
+            if beside.is_none()
+                && let Some(step) = self.core.beside_step()
+            {
+                beside = Some(beside_request(
+                    client,
+                    request,
+                    step,
+                    self.protobuf.is_some(),
+                ));
+            }
             let idle_limit = self.bookmarks.idle_limit(self.config.watch_timeout_secs);
             let next = tokio::select! {
-                next = tokio::time::timeout(idle_limit, stream.next()) => next,
+                next = tokio::time::timeout_at(heard + idle_limit, stream.next()) => next,
+                Some(answer) = OptionFuture::from(beside.as_mut()), if beside.is_some() => {
+                    beside = None;
+                    if self.on_beside_answer(answer) {
+                        return Ok(Flow::Continue);
+                    }
+                    continue;
+                }
                 asked = self.requests.recv() => {
                     let Some(asked) = asked else { continue };
                     // A count check is answered here, the stream left unread
@@ -467,6 +523,7 @@ where
                     return Ok(Flow::Continue);
                 }
                 Some(Ok(chunk)) => {
+                    heard = tokio::time::Instant::now();
                     self.core.input_arrived(Instant::now());
                     let project = &self.project;
                     let input = match (chunk, self.protobuf) {
@@ -510,6 +567,71 @@ where
 /// A live read whose object the projection rejects: the dispute stays open.
 fn unprojectable(key: &super::object::ObjectKey) -> kube::Error {
     kube::Error::Service(format!("{key}: the object read live could not be projected").into())
+}
+
+/// A LIST page's body, in protobuf where the watcher decodes it.
+async fn fetch_list_body(
+    client: &kube::Client,
+    request: &kube::core::Request,
+    page: &PageAt<'_>,
+    protobuf: bool,
+) -> Result<ListBody, kube::Error> {
+    if protobuf {
+        fetch_page_either(client, request, page).await
+    } else {
+        fetch_page(client, request, page).await.map(ListBody::Json)
+    }
+}
+
+/// What a request of a resync listing beside the watch brought back.
+enum BesideAnswer {
+    Probe(Result<String, kube::Error>),
+    Page(Result<ListBody, kube::Error>),
+    PauseOver,
+}
+
+/// A request of a resync listing beside the watch, in flight.
+type BesideRequest = Pin<Box<dyn Future<Output = BesideAnswer> + Send>>;
+
+/// Sends what [`WatchCore::beside_step`] asked for.
+fn beside_request(
+    client: &kube::Client,
+    request: &kube::core::Request,
+    step: BesideStep,
+    protobuf: bool,
+) -> BesideRequest {
+    let client = client.clone();
+    let request = request.clone();
+    Box::pin(async move {
+        match step {
+            BesideStep::Probe => {
+                let one = PageAt {
+                    limit: 1,
+                    ..PageAt::default()
+                };
+                let rv = fetch_page(&client, &request, &one)
+                    .await
+                    .and_then(|body| page_rv(&body));
+                BesideAnswer::Probe(rv)
+            }
+            BesideStep::List {
+                continue_token,
+                limit,
+                exact_rv,
+            } => {
+                let page = PageAt {
+                    limit,
+                    continue_token: continue_token.as_deref(),
+                    exact_rv: exact_rv.as_deref(),
+                };
+                BesideAnswer::Page(fetch_list_body(&client, &request, &page, protobuf).await)
+            }
+            BesideStep::Pause(delay) => {
+                tokio::time::sleep(delay).await;
+                BesideAnswer::PauseOver
+            }
+        }
+    })
 }
 
 /// One unit of a WATCH response: a JSON line, or a protobuf frame (its

@@ -415,3 +415,36 @@ async fn a_count_check_lists_one_item_at_the_stores_resourceversion_and_keeps_th
     let watches = requests.iter().filter(|r| r.contains("watch=true")).count();
     assert_eq!(watches, 1, "{requests:?}");
 }
+
+#[tokio::test]
+async fn a_resync_lists_beside_the_open_watch() {
+    let script = vec![
+        list(vec![svc("a", "100"), svc("ghost", "110")], "200", None),
+        Reply::Hang,
+        // The probe, then two pages at exactly its revision: the ghost's
+        // DELETE never reached the watch.
+        list(vec![svc("a", "100")], "300", Some("more")),
+        list(vec![svc("a", "100")], "300", Some("c1")),
+        list(vec![], "300", None),
+    ];
+    let running = Running::start(script, 1).await;
+    running.wait_for_request("watch=true").await;
+    let report = running.store.resync().await;
+    assert!(report.is_ok(), "{report:?}");
+    assert_eq!(running.candidates(), vec!["ghost".to_string()]);
+    let requests = running.stop().await;
+    let lists: Vec<_> = requests
+        .iter()
+        .filter(|r| !r.contains("watch=true"))
+        .collect();
+    assert_eq!(lists.len(), 4, "{requests:?}");
+    assert!(
+        lists[2].contains("resourceVersion=300") && lists[2].contains("resourceVersionMatch=Exact"),
+        "{}",
+        lists[2]
+    );
+    assert!(lists[3].contains("continue=c1"), "{}", lists[3]);
+    // One watch for the whole test: the resync did not close it.
+    let watches = requests.iter().filter(|r| r.contains("watch=true")).count();
+    assert_eq!(watches, 1, "{requests:?}");
+}

@@ -6,6 +6,7 @@ mod cache;
 mod cache_list;
 mod cache_repair;
 mod core;
+mod core_beside;
 mod core_events;
 mod count;
 mod decode;
@@ -47,6 +48,8 @@ pub use store::{ResyncReport, Store, StoreHandle, share_rewinds};
 mod cache_list_tests;
 #[cfg(test)]
 mod cache_tests;
+#[cfg(test)]
+mod core_beside_tests;
 #[cfg(test)]
 mod driver_tests;
 #[cfg(test)]

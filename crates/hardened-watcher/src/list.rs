@@ -14,6 +14,7 @@ pub use super::cache_list::ListMode;
 use super::decode::{Listed, RawList, decode_items};
 use super::object::{Cached, DriftKind, ListDiff, ListedOutcome, ObjectKey};
 use super::protobuf::{self, ProtobufDecode};
+use super::rv::compare_rv;
 
 /// A consistent list applied to a [`Cache`] page by page:
 ///
@@ -50,6 +51,10 @@ pub struct ListDiffBuilder<T> {
     /// it, so nothing missing from this list may be taken for deleted.
     unkeyed: bool,
     undecodable: usize,
+    /// Keys a watch event at or below the list's RV arrived for while the
+    /// list ran beside the watch: what the list changed about them the
+    /// watch explains (it was only behind), so it is no drift.
+    explained: HashSet<ObjectKey>,
 }
 
 /// A list that ended.
@@ -83,6 +88,21 @@ impl<T: Cached> ListDiffBuilder<T> {
             consistent: true,
             unkeyed: false,
             undecodable: 0,
+            explained: HashSet::new(),
+        }
+    }
+
+    /// A watch event for `key` at `rv` arrived while this list runs beside
+    /// the watch.
+    pub fn note_event(&mut self, key: &ObjectKey, rv: &str) {
+        let at_or_below = self.list_rv.as_deref().is_some_and(|list_rv| {
+            matches!(
+                compare_rv(rv, list_rv),
+                Some(std::cmp::Ordering::Less | std::cmp::Ordering::Equal)
+            )
+        });
+        if at_or_below {
+            self.explained.insert(key.clone());
         }
     }
 
@@ -198,6 +218,7 @@ impl<T: Cached> ListDiffBuilder<T> {
                 .changes
                 .iter()
                 .map(|change| (change.key(), DriftKind::of(change)))
+                .filter(|(key, _)| !self.explained.contains(key))
                 .collect();
             cache.hold_drift(&list_rv, held)
         } else {

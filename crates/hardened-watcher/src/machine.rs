@@ -9,7 +9,9 @@
 //! - WATCH starts from the list's RV; bookmarks and events advance the resume
 //!   point, which never goes backwards, except when a consistent list shows
 //!   the store itself was rewound ([`Machine::rewind_to`]).
-//! - After a resync list the watch resumes from where it was, so the events
+//! - A resync lists beside the open watch (`core_beside.rs`); a resync that
+//!   cannot (a failed probe, a refused exact list, a rewound store) ends the
+//!   watch, lists, and resumes the watch from where it was, so the events
 //!   the list overtook still arrive and tell lag from drift.
 //! - 410 Expired, ERROR 500 (PrevKv=nil) or any other ERROR event → relist.
 //! - A clean stream end → resume from the highest RV.
@@ -165,6 +167,11 @@ impl Machine {
     /// The highest RV seen (the point a watch resumes from).
     pub fn resume_rv(&self) -> Option<&str> {
         self.resume.get()
+    }
+
+    /// The LIST page size.
+    pub fn page_limit(&self) -> u32 {
+        self.page_limit
     }
 
     /// What the driver must do next.

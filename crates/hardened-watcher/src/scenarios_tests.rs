@@ -9,15 +9,7 @@ use super::cache::{Change, DeletionSource, Outcome, StaleReason, WatchEventKind:
 use super::core::Step;
 use super::machine::{Action, Phase, RestartReason};
 use super::object::LiveRead;
-use super::testkit::{Harness, Logged, apply_list, key, logged, obj};
-
-fn api_error(code: u16, reason: &str) -> kube::Error {
-    kube::Error::Api(
-        kube::core::Status::failure("test", reason)
-            .with_code(code)
-            .boxed(),
-    )
-}
+use super::testkit::{Harness, Logged, api_error, apply_list, key, logged, obj, throttled_error};
 
 fn connect_error() -> kube::Error {
     kube::Error::Service("connection refused".into())
@@ -647,17 +639,7 @@ fn a_throttled_page_resumes_the_list_where_it_was() {
     h.expect_list(None);
     h.page(vec![obj("a", "ua", "100")], Some("c1"), "300");
     h.expect_list(Some("c1"));
-    let mut throttled = api_error(429, "TooManyRequests");
-    if let kube::Error::Api(status) = &mut throttled {
-        status.details = Some(kube::core::response::StatusDetails {
-            name: String::new(),
-            group: String::new(),
-            kind: String::new(),
-            uid: String::new(),
-            causes: Vec::new(),
-            retry_after_seconds: 2,
-        });
-    }
+    let throttled = throttled_error(2);
     let restarts_before = h.restarts(RestartReason::ListError);
     h.core.on_list_page(Err(throttled));
     assert_eq!(

@@ -49,6 +49,31 @@ pub fn obj(name: &str, uid: &str, rv: &str) -> Obj {
     }
 }
 
+/// An API error answer with `code` and `reason`.
+pub fn api_error(code: u16, reason: &str) -> kube::Error {
+    kube::Error::Api(
+        kube::core::Status::failure("test", reason)
+            .with_code(code)
+            .boxed(),
+    )
+}
+
+/// A 429 answer asking for a pause of `retry_after_seconds`.
+pub fn throttled_error(retry_after_seconds: u32) -> kube::Error {
+    let mut throttled = api_error(429, "TooManyRequests");
+    if let kube::Error::Api(status) = &mut throttled {
+        status.details = Some(kube::core::response::StatusDetails {
+            name: String::new(),
+            group: String::new(),
+            kind: String::new(),
+            uid: String::new(),
+            causes: Vec::new(),
+            retry_after_seconds,
+        });
+    }
+    throttled
+}
+
 pub fn key(name: &str) -> ObjectKey {
     ObjectKey::new("ns", name)
 }
