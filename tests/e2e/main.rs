@@ -30,4 +30,5 @@ mod real_node;
 mod slice_parity;
 mod soak;
 mod store;
+mod watcher_selectors;
 mod wire_agreement;

@@ -181,6 +181,31 @@ where
         self
     }
 
+    /// Sees only the objects whose labels match `selector` (as `kubectl
+    /// --selector` takes it, e.g. `app=web,tier!=cache`). The API server
+    /// applies it to every LIST and WATCH: an object whose labels stop
+    /// matching arrives as a DELETED event and is missing from the next
+    /// list, as a deleted one is; a receiver that confirms deletion
+    /// candidates live must read through the same selector
+    /// ([`live::get_selected`](crate::live::get_selected)), as the
+    /// watcher's own reads of disputed items do. The server gives no count
+    /// for a list with a selector, so [`Store::count_check`] answers
+    /// [`CountCheck::Unknown`](crate::CountCheck::Unknown) when more than
+    /// one object matches.
+    pub fn labels(mut self, selector: &str) -> Self {
+        self.config.selectors.labels = Some(selector.to_owned());
+        self
+    }
+
+    /// Sees only the objects whose fields match `selector` (as `kubectl
+    /// --field-selector` takes it, e.g. `spec.nodeName=node-a`; the
+    /// resource decides which fields it can select on). Everything
+    /// [`labels`](WatcherBuilder::labels) says holds for it too.
+    pub fn fields(mut self, selector: &str) -> Self {
+        self.config.selectors.fields = Some(selector.to_owned());
+        self
+    }
+
     /// Asks the API server for protobuf (`application/vnd.kubernetes.protobuf`)
     /// on LIST and WATCH, and decodes each object's message with `decode`
     /// (default: JSON only). `decode` gets one object's own message, as

@@ -31,16 +31,19 @@ use super::machine::Action;
 use super::object::{Cached, Change, LiveRead};
 use super::observer::WatchObserver;
 use super::protobuf::{self, ProtobufDecode};
+use super::selectors::Selectors;
 use super::store::{Request, Store};
 
 /// Tuning of one watcher (set through [`WatcherBuilder`](crate::WatcherBuilder)).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct WatchConfig {
     /// LIST page size.
     pub page_limit: u32,
     /// Server-side watch timeout; the server closes the stream after it and
     /// we resume from the highest RV.
     pub watch_timeout_secs: u32,
+    /// Which objects it sees.
+    pub selectors: Selectors,
 }
 
 impl Default for WatchConfig {
@@ -48,6 +51,7 @@ impl Default for WatchConfig {
         Self {
             page_limit: super::machine::DEFAULT_PAGE_LIMIT,
             watch_timeout_secs: 290,
+            selectors: Selectors::default(),
         }
     }
 }
@@ -253,10 +257,12 @@ where
                     limit,
                     exact_rv,
                 }) => {
+                    let selectors = self.config.selectors.clone();
                     let page = PageAt {
                         limit,
                         continue_token: continue_token.as_deref(),
                         exact_rv: exact_rv.as_deref(),
+                        selectors: Some(&selectors),
                     };
                     self.list_page(&client, &request, &page).await
                 }
@@ -278,7 +284,7 @@ where
                 }
                 Step::Read { key } => {
                     let read = tokio::select! {
-                        read = live::get::<K>(&client, &self.dyntype, &key) => read,
+                        read = read_live::<K>(&client, &self.dyntype, &key, &self.config.selectors) => read,
                         () = stopped(&mut self.shutdown) => return Ok(()),
                     };
                     self.core.input_arrived(Instant::now());
@@ -325,9 +331,12 @@ where
                 ));
             }
         };
+        // With a selector the server gives no count past the first item:
+        // the check then answers Unknown, and a full list follows.
         let exact = PageAt {
             limit: 1,
             exact_rv: Some(&store_rv),
+            selectors: Some(&self.config.selectors),
             ..PageAt::default()
         };
         let listed = fetch_page(client, request, &exact)
@@ -440,11 +449,11 @@ where
         request: &kube::core::Request,
         rv: &str,
     ) -> Result<Flow, WatchError> {
-        let params = WatchParams {
+        let params = self.config.selectors.on_watch(WatchParams {
             // WatchParams::default() asks for bookmarks; say so anyway.
             bookmarks: true,
             ..WatchParams::default().timeout(self.config.watch_timeout_secs)
-        };
+        });
         let mut req = request
             .watch(&params, rv)
             .map_err(|source| WatchError::Request {
@@ -478,6 +487,7 @@ where
                     request,
                     step,
                     self.protobuf.is_some(),
+                    &self.config.selectors,
                 ));
             }
             let idle_limit = self.bookmarks.idle_limit(self.config.watch_timeout_secs);
@@ -569,6 +579,24 @@ fn unprojectable(key: &super::object::ObjectKey) -> kube::Error {
     kube::Error::Service(format!("{key}: the object read live could not be projected").into())
 }
 
+/// Reads `key` live as a watcher with `selectors` sees it: a GET, or with
+/// selectors a LIST of that one object through them.
+async fn read_live<K>(
+    client: &kube::Client,
+    dyntype: &K::DynamicType,
+    key: &super::object::ObjectKey,
+    selectors: &Selectors,
+) -> Result<LiveRead<K>, kube::Error>
+where
+    K: kube::Resource + DeserializeOwned + Clone + Debug,
+{
+    if selectors.is_empty() {
+        live::get::<K>(client, dyntype, key).await
+    } else {
+        live::get_selected::<K>(client, dyntype, key, selectors).await
+    }
+}
+
 /// A LIST page's body, in protobuf where the watcher decodes it.
 async fn fetch_list_body(
     client: &kube::Client,
@@ -599,9 +627,11 @@ fn beside_request(
     request: &kube::core::Request,
     step: BesideStep,
     protobuf: bool,
+    selectors: &Selectors,
 ) -> BesideRequest {
     let client = client.clone();
     let request = request.clone();
+    let selectors = selectors.clone();
     Box::pin(async move {
         match step {
             BesideStep::Probe => {
@@ -623,6 +653,7 @@ fn beside_request(
                     limit,
                     continue_token: continue_token.as_deref(),
                     exact_rv: exact_rv.as_deref(),
+                    selectors: Some(&selectors),
                 };
                 BesideAnswer::Page(fetch_list_body(&client, &request, &page, protobuf).await)
             }

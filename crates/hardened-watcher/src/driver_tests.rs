@@ -16,6 +16,7 @@ use super::count::CountCheck;
 use super::driver::Watcher;
 use super::object::{Change, Identity, ObjectKey};
 use super::observer::CountingObserver;
+use super::selectors::Selectors;
 use super::store::Store;
 use super::testing::{Reply, ScriptedApi, event as ev};
 
@@ -51,6 +52,10 @@ struct Running {
 
 impl Running {
     async fn start(script: Vec<Reply>, page_limit: u32) -> Self {
+        Self::start_with(script, page_limit, &Selectors::default()).await
+    }
+
+    async fn start_with(script: Vec<Reply>, page_limit: u32, selectors: &Selectors) -> Self {
         let peer = ScriptedApi::start(script)
             .await
             .unwrap_or_else(|err| panic!("scripted peer: {err}"));
@@ -66,16 +71,19 @@ impl Running {
         };
         let observer = Arc::new(CountingObserver::default());
         let (stop, stop_rx) = watch::channel(false);
-        let task = tokio::spawn(
-            Watcher::builder(api)
-                .project(project)
-                .store(store.clone())
-                .on_change(sink)
-                .observer(observer.clone())
-                .page_limit(page_limit)
-                .build()
-                .run(stop_rx),
-        );
+        let mut builder = Watcher::builder(api)
+            .project(project)
+            .store(store.clone())
+            .on_change(sink)
+            .observer(observer.clone())
+            .page_limit(page_limit);
+        if let Some(labels) = &selectors.labels {
+            builder = builder.labels(labels);
+        }
+        if let Some(fields) = &selectors.fields {
+            builder = builder.fields(fields);
+        }
+        let task = tokio::spawn(builder.build().run(stop_rx));
         Self {
             store,
             delivered,
@@ -447,4 +455,49 @@ async fn a_resync_lists_beside_the_open_watch() {
     // One watch for the whole test: the resync did not close it.
     let watches = requests.iter().filter(|r| r.contains("watch=true")).count();
     assert_eq!(watches, 1, "{requests:?}");
+}
+
+#[tokio::test]
+async fn selectors_go_with_every_list_watch_and_live_read() {
+    let selectors = Selectors {
+        labels: Some("app=web".into()),
+        fields: Some("spec.type=ClusterIP".into()),
+    };
+    let running = Running::start_with(
+        vec![
+            list(vec![svc("a", "100")], "200", None),
+            Reply::Stream(vec![
+                ev("MODIFIED", svc("a", "500")),
+                ev(
+                    "ERROR",
+                    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                           "code": 410, "reason": "Expired"}),
+                ),
+            ]),
+            // a at an older RV than the cache's: disputed, read live through
+            // the selectors, which it no longer matches.
+            list(vec![svc("a", "100")], "900", None),
+            list(vec![], "900", None),
+            Reply::Hang,
+        ],
+        500,
+        &selectors,
+    )
+    .await;
+    running.wait_for_request("resourceVersion=900").await;
+    let cached = running.store.get(&ObjectKey::new("ns", "a"));
+    let requests = running.stop().await;
+    let selected =
+        |r: &String| r.contains("labelSelector=app%3Dweb") && r.contains("spec.type%3DClusterIP");
+    assert_eq!(requests.len(), 5, "{requests:?}");
+    for request in &requests {
+        assert!(selected(request), "{request}");
+    }
+    assert!(
+        requests[3].starts_with("GET /api/v1/namespaces/ns/services?")
+            && requests[3].contains("fieldSelector=metadata.name%3Da%2Cspec.type%3DClusterIP"),
+        "the live read lists the one object through the selectors: {}",
+        requests[3]
+    );
+    assert!(cached.is_none(), "no longer selected: gone from this cache");
 }

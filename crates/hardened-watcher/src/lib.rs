@@ -22,6 +22,7 @@ mod observer;
 mod protobuf;
 mod reason;
 mod rv;
+mod selectors;
 mod store;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
@@ -42,6 +43,7 @@ pub use object::{
 pub use observer::{CountingObserver, WatchObserver};
 pub use reason::RestartReason;
 pub use rv::compare_rv;
+pub use selectors::Selectors;
 pub use store::{ResyncReport, Store, StoreHandle, share_rewinds};
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ use super::decode::{Listed, RawList, decode_items};
 use super::object::{Cached, DriftKind, ListDiff, ListedOutcome, ObjectKey};
 use super::protobuf::{self, ProtobufDecode};
 use super::rv::compare_rv;
+use super::selectors::Selectors;
 
 /// A consistent list applied to a [`Cache`] page by page:
 ///
@@ -261,6 +262,9 @@ fn page_request(
     // first page, exactly the store's current revision (see
     // `WatchCore::next_step`). A continue token carries the snapshot.
     let mut params = ListParams::default().limit(page.limit);
+    if let Some(selectors) = page.selectors {
+        params = selectors.on_list(params);
+    }
     if let Some(token) = page.continue_token {
         params = params.continue_token(token);
     } else if let Some(rv) = page.exact_rv {
@@ -280,6 +284,8 @@ pub struct PageAt<'a> {
     pub continue_token: Option<&'a str>,
     /// For a first page: this RV exactly (`resourceVersionMatch=Exact`).
     pub exact_rv: Option<&'a str>,
+    /// Which objects are listed (`None`: all).
+    pub selectors: Option<&'a Selectors>,
 }
 
 /// Fetches one LIST page and returns its body, undecoded.

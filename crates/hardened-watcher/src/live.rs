@@ -15,12 +15,13 @@
 
 use std::fmt::Debug;
 
-use kube::core::Request;
 use kube::core::params::GetParams;
+use kube::core::{ObjectList, Request};
 use serde::de::DeserializeOwned;
 
 use super::object::LiveRead;
 use super::object::ObjectKey;
+use super::selectors::Selectors;
 
 /// Whether `err` says the object `name` of `resource` (plural, e.g. "pods")
 /// does not exist.
@@ -70,6 +71,33 @@ where
         &key.name,
         &K::plural(dyntype),
     )
+}
+
+/// Reads `key` of `K` as a watcher with `selectors` sees it: a consistent
+/// LIST (a read from etcd) of the one object by name, with the selectors.
+/// An object that exists but no longer matches them is [`LiveRead::Gone`]
+/// to that watcher, as its watch said with a DELETED event.
+pub async fn get_selected<K>(
+    client: &kube::Client,
+    dyntype: &K::DynamicType,
+    key: &ObjectKey,
+    selectors: &Selectors,
+) -> Result<LiveRead<K>, kube::Error>
+where
+    K: kube::Resource + DeserializeOwned + Clone + Debug,
+{
+    let namespace = (!key.namespace.is_empty()).then_some(key.namespace.as_str());
+    let request = Request::new(K::url_path(dyntype, namespace));
+    let mut req = request
+        .list(&selectors.one_object(&key.name))
+        .map_err(kube::Error::BuildRequest)?;
+    req.extensions_mut().insert("list");
+    let list = client.request::<ObjectList<K>>(req).await?;
+    Ok(list
+        .items
+        .into_iter()
+        .next()
+        .map_or(LiveRead::Gone, LiveRead::Found))
 }
 
 /// What a metadata read found of one object: enough to tell whether the
