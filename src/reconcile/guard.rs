@@ -54,10 +54,11 @@ pub async fn read_service(
     let read = live::get::<Service>(&ctx.client, &(), key)
         .await
         .map_err(|e| Error::kube("reading the Service live", key.to_string(), e))?;
-    let tombstone = store
-        .read()
-        .tombstone(key)
-        .map(|t| (t.source, t.last_known.uid().to_owned()));
+    let tombstone = store.with_cache(|services| {
+        services
+            .tombstone(key)
+            .map(|t| (t.source, t.last_known.uid().to_owned()))
+    });
     let svc = match read {
         LiveRead::Gone => {
             if let Some((_, uid)) = tombstone {
@@ -146,15 +147,16 @@ pub async fn hold_unconfirmed_pod_deletions<'r>(
     });
     let suspects = {
         let selected: HashSet<&str> = pods.iter().map(|p| p.name()).collect();
-        let cache = ctx.stores.pods.read();
-        pods_to_confirm(named, &selected, |name| {
-            cache
-                .tombstone(&ObjectKey::new(namespace, name))
-                .map(|t| t.last_known.uid().to_owned())
+        ctx.stores.pods.with_cache(|cache| {
+            pods_to_confirm(named, &selected, |name| {
+                cache
+                    .tombstone(&ObjectKey::new(namespace, name))
+                    .map(|t| t.last_known.uid().to_owned())
+            })
+            .into_iter()
+            .map(|p| (ObjectKey::new(namespace, p.name), p.uid.to_owned()))
+            .collect::<Vec<_>>()
         })
-        .into_iter()
-        .map(|p| (ObjectKey::new(namespace, p.name), p.uid.to_owned()))
-        .collect::<Vec<_>>()
     };
     let store = &ctx.stores.pods;
     for (key, uid) in suspects {
@@ -202,10 +204,9 @@ pub fn selector_misses_pods<'r>(
         })
     });
     let missed = {
-        let cache = ctx.stores.pods.read();
+        let pods = &ctx.stores.pods;
         pods_missed(named, selector, |pod| {
-            cache
-                .get(&ObjectKey::new(key.namespace.as_str(), pod.name))
+            pods.get(&ObjectKey::new(key.namespace.as_str(), pod.name))
                 .filter(|p| p.uid() == pod.uid)
         })
         .into_iter()
@@ -262,7 +263,6 @@ pub fn warn_event(ctx: &Context, key: &ObjectKey, reason: &str, note: &str) {
     let uid = ctx
         .stores
         .services
-        .read()
         .get(key)
         .and_then(|s| s.metadata.uid.clone());
     publish(

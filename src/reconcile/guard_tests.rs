@@ -62,7 +62,11 @@ async fn a_not_found_status_naming_the_service_is_gone_and_confirms_the_tombston
     tombstoned_web(&ctx);
     let found = read_service(&ctx, Controller::Endpoints, &web(), Read::ServiceMissing).await;
     assert!(matches!(found, Ok(None)));
-    assert!(ctx.stores.services.read().tombstone(&web()).is_none());
+    assert!(
+        ctx.stores
+            .services
+            .with_cache(|cache| cache.tombstone(&web()).is_none())
+    );
     assert_eq!(
         peer.requests()[0],
         "GET /api/v1/namespaces/ns/services/web HTTP/1.1"
@@ -107,7 +111,9 @@ async fn a_bare_404_a_403_or_a_timeout_is_an_error_that_confirms_nothing() {
         let found = read_service(&ctx, Controller::Endpoints, &web(), Read::ServiceMissing).await;
         assert!(found.is_err(), "{case}: {:?}", found.map(|_| ()));
         assert!(
-            ctx.stores.services.read().tombstone(&web()).is_some(),
+            ctx.stores
+                .services
+                .with_cache(|cache| cache.tombstone(&web()).is_some()),
             "{case}: the tombstone stays"
         );
     }
@@ -161,9 +167,7 @@ async fn a_pod_read_gone_is_confirmed_and_its_address_goes() {
     assert!(
         ctx.stores
             .pods
-            .read()
-            .tombstone(&ObjectKey::new(NS, "a-1"))
-            .is_none()
+            .with_cache(|pods| pods.tombstone(&ObjectKey::new(NS, "a-1")).is_none())
     );
     assert_eq!(
         metric(
@@ -192,9 +196,7 @@ async fn a_pod_still_there_is_held_and_one_replaced_by_another_incarnation_goes(
     assert!(
         ctx.stores
             .pods
-            .read()
-            .tombstone(&ObjectKey::new(NS, "a-1"))
-            .is_none()
+            .with_cache(|pods| pods.tombstone(&ObjectKey::new(NS, "a-1")).is_none())
     );
 }
 
@@ -207,12 +209,10 @@ async fn a_pod_read_that_fails_keeps_its_tombstone() {
     ] {
         let (ctx, pods) = hold(reply).await;
         assert!(pods.is_err(), "{case}");
-        let tomb = ctx
-            .stores
-            .pods
-            .read()
-            .tombstone(&ObjectKey::new(NS, "a-1"))
-            .map(|t| t.last_known.uid().to_owned());
+        let tomb = ctx.stores.pods.with_cache(|pods| {
+            pods.tombstone(&ObjectKey::new(NS, "a-1"))
+                .map(|t| t.last_known.uid().to_owned())
+        });
         assert_eq!(tomb.as_deref(), Some("a-1-uid"), "{case}");
     }
 }

@@ -249,7 +249,10 @@ impl Context {
 /// leader. A reconcile with nothing to change writes nothing, so this is what
 /// brings back a key that ran out of retries.
 pub fn enqueue_all(ctx: &Context) -> usize {
-    let keys: Vec<_> = ctx.stores.services.read().iter().map(|s| s.key()).collect();
+    let keys: Vec<_> = ctx
+        .stores
+        .services
+        .with_cache(|services| services.iter().map(|s| s.key()).collect());
     let count = keys.len();
     for key in keys {
         ctx.enqueue(key, None);

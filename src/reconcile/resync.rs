@@ -25,7 +25,7 @@ use crate::desired::scope::{EndpointsRole, Handling};
 use crate::error::{Error, Result};
 use crate::reconcile::kinds::{Kind, KindVisitor, for_each_kind};
 use crate::settings::Controller;
-use hardened_watcher::{Cached, Confirmation, CountCheck, ResyncReport, WatchError};
+use hardened_watcher::{Cache, Cached, Confirmation, CountCheck, ResyncReport, WatchError};
 
 /// How long one resync waits for a watcher's list.
 const LIST_TIMEOUT: Duration = Duration::from_secs(120);
@@ -103,7 +103,7 @@ async fn resync_kind<K: Kind>(ctx: &Context, depth: Depth) -> Result<KindResync>
     let store = K::store(&ctx.stores);
     // Deletion candidates and drift held from the last list are settled by
     // the next list, which a count check is not.
-    let awaits_a_list = store.read().awaits_a_list();
+    let awaits_a_list = store.with_cache(Cache::awaits_a_list);
     if depth == Depth::Counts && !awaits_a_list {
         let checked = match tokio::time::timeout(LIST_TIMEOUT, store.count_check()).await {
             Ok(checked) => checked?,
@@ -199,17 +199,14 @@ pub fn sweep(ctx: &Context) {
 
 fn sweep_slices(ctx: &Context) {
     let managers = ctx.scope.managers();
-    let orphaned: Vec<_> = {
-        let services = ctx.stores.services.read();
-        ctx.stores
-            .slices
-            .read()
+    let orphaned: Vec<_> = ctx.stores.slices.with_cache(|slices| {
+        slices
             .iter()
             .filter(|slice| slice.is_ours(managers))
             .filter_map(|slice| slice.service_key())
-            .filter(|key| services.get(key).is_none())
+            .filter(|key| ctx.stores.services.get(key).is_none())
             .collect()
-    };
+    });
     for key in orphaned {
         ctx.enqueue_for(Controller::Endpointslices, key, None);
     }
@@ -220,23 +217,25 @@ fn sweep_slices(ctx: &Context) {
 /// would compare two caches listed at different moments, and could call
 /// Endpoints an orphan whose Service the Services cache has not seen yet.
 fn sweep_endpoints(ctx: &Context) {
-    let services = ctx.stores.services.read();
-    let endpoints = ctx.stores.endpoints.read();
-    for ep in endpoints.iter() {
-        let key = ep.key();
-        if services.get(&key).is_none() {
-            ctx.enqueue_for(Controller::Endpoints, key, None);
-        }
-    }
-    for svc in services.iter() {
-        let writes = matches!(
-            svc.handling(ctx.scope),
-            Handling::Managed(m) if m.endpoints == EndpointsRole::Write
-        );
-        if writes && endpoints.get(&svc.key()).is_none() {
-            ctx.enqueue_for(Controller::Endpoints, svc.key(), None);
-        }
-    }
+    ctx.stores.services.with_cache(|services| {
+        ctx.stores.endpoints.with_cache(|endpoints| {
+            for ep in endpoints.iter() {
+                let key = ep.key();
+                if services.get(&key).is_none() {
+                    ctx.enqueue_for(Controller::Endpoints, key, None);
+                }
+            }
+            for svc in services.iter() {
+                let writes = matches!(
+                    svc.handling(ctx.scope),
+                    Handling::Managed(m) if m.endpoints == EndpointsRole::Write
+                );
+                if writes && endpoints.get(&svc.key()).is_none() {
+                    ctx.enqueue_for(Controller::Endpoints, svc.key(), None);
+                }
+            }
+        });
+    });
 }
 
 /// Ages deletion evidence by one tick and lets go of what has waited too
@@ -271,7 +270,7 @@ fn age<K: Kind>(ctx: &Context) -> usize {
     }
     let store = K::store(&ctx.stores);
     store.tick();
-    let aged = store.read().aged_tombstones(TOMBSTONE_TICKS);
+    let aged = store.with_cache(|cache| cache.aged_tombstones(TOMBSTONE_TICKS));
     let released = aged
         .into_iter()
         .filter(|(key, uid)| {
@@ -341,12 +340,18 @@ mod tests {
                     .apply_watch_event(WatchEventKind::Added, cached);
             }
             housekeeping(&ctx);
-            let after_one = ctx.stores.pods.read().tombstone_count();
+            let after_one = ctx
+                .stores
+                .pods
+                .with_cache(hardened_watcher::Cache::tombstone_count);
             housekeeping(&ctx);
-            let pods = ctx.stores.pods.read();
             let left: Vec<bool> = ["gone", "named"]
                 .iter()
-                .map(|n| pods.tombstone(&ObjectKey::new("ns", *n)).is_some())
+                .map(|n| {
+                    ctx.stores
+                        .pods
+                        .with_cache(|pods| pods.tombstone(&ObjectKey::new("ns", *n)).is_some())
+                })
                 .collect();
             let _ = done.send((after_one, left));
         });

@@ -156,7 +156,9 @@ async fn reconcile_content(
         wanted = desire(ctx, service, &pod_refs, manager);
     }
     let zones = if wanted.hints == HintMode::Auto {
-        ZoneCapacity::from_nodes(ctx.stores.nodes.read().iter().map(|n| &n.info))
+        ctx.stores
+            .nodes
+            .with_cache(|nodes| ZoneCapacity::from_nodes(nodes.iter().map(|n| &n.info)))
     } else {
         ZoneCapacity::default()
     };
@@ -194,14 +196,13 @@ fn desire(
     pods: &[&PodInfo],
     manager: &str,
 ) -> DesiredSlices {
-    let nodes: HashMap<String, NodeInfo> = {
-        let cache = ctx.stores.nodes.read();
+    let nodes: HashMap<String, NodeInfo> = ctx.stores.nodes.with_cache(|cache| {
         pods.iter()
             .filter_map(|p| p.node_name())
             .filter_map(|name| cache.get(&ObjectKey::new("", name)))
             .map(|node| (node.info.name.clone(), node.info.clone()))
             .collect()
-    };
+    });
     slices::desired_slices(service, pods, &nodes, manager, ctx.rules)
 }
 

@@ -298,14 +298,13 @@ pub fn selected_pods(
     namespace: &str,
     selector: &std::collections::BTreeMap<String, String>,
 ) -> Vec<Arc<PodInfo>> {
-    ctx.stores
-        .pods
-        .read()
-        .selector_candidates(namespace, selector)
-        .into_iter()
-        .filter(|p| desired::selector_matches(selector, p.as_ref()))
-        .cloned()
-        .collect()
+    ctx.stores.pods.with_cache(|pods| {
+        pods.selector_candidates(namespace, selector)
+            .into_iter()
+            .filter(|p| desired::selector_matches(selector, p.as_ref()))
+            .cloned()
+            .collect()
+    })
 }
 
 /// A Service gone from the cache with nothing of ours at stake (no Endpoints
@@ -317,10 +316,11 @@ pub(super) fn release_service_tombstone(ctx: &Context, key: &ObjectKey) {
         return;
     }
     let store = &ctx.stores.services;
-    let uid = store
-        .read()
-        .tombstone(key)
-        .map(|t| t.last_known.uid().to_string());
+    let uid = store.with_cache(|services| {
+        services
+            .tombstone(key)
+            .map(|t| t.last_known.uid().to_string())
+    });
     if let Some(uid) = uid {
         store.confirm_deleted(key, &uid, Confirmation::Released);
     }
@@ -484,12 +484,10 @@ pub(super) fn dropped_pods<'a>(
 pub(super) fn release_dropped_pods(ctx: &Context, namespace: &str, dropped: Vec<(String, String)>) {
     for (name, uid) in dropped {
         let key = ObjectKey::new(namespace, name);
-        let tombstoned = ctx
-            .stores
-            .pods
-            .read()
-            .tombstone(&key)
-            .is_some_and(|t| t.last_known.uid() == uid);
+        let tombstoned = ctx.stores.pods.with_cache(|pods| {
+            pods.tombstone(&key)
+                .is_some_and(|t| t.last_known.uid() == uid)
+        });
         if tombstoned && !kinds::pod_referenced(ctx, namespace, &uid) {
             ctx.stores
                 .pods

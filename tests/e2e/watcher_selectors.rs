@@ -29,11 +29,12 @@ fn config_map(name: &str, app: &str) -> ConfigMap {
 
 /// The names in `store`, sorted.
 fn names(store: &Store<Whole<ConfigMap>>) -> Vec<String> {
-    let mut names: Vec<String> = store
-        .read()
-        .iter()
-        .map(|cm| cm.0.metadata.name.clone().unwrap_or_default())
-        .collect();
+    let mut names: Vec<String> = store.with_cache(|cache| {
+        cache
+            .iter()
+            .map(|cm| cm.0.metadata.name.clone().unwrap_or_default())
+            .collect()
+    });
     names.sort();
     names
 }

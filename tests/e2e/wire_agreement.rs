@@ -89,11 +89,11 @@ impl Side {
     }
 
     fn cached(&self) -> BTreeMap<String, PodFields> {
-        self.store
-            .read()
-            .iter()
-            .map(|p| (p.key().to_string(), p.fields()))
-            .collect()
+        self.store.with_cache(|pods| {
+            pods.iter()
+                .map(|p| (p.key().to_string(), p.fields()))
+                .collect()
+        })
     }
 
     fn changes(&self) -> Vec<String> {

@@ -206,7 +206,7 @@ async fn main() -> Result<()> {
     println!(
         "{}: {} objects in the cache",
         args.resource,
-        store.read().len()
+        store.with_cache(|cache| cache.len())
     );
     Ok(())
 }

@@ -88,14 +88,22 @@ impl<T: Cached> Store<T> {
         &self.inner.resource
     }
 
-    /// The cache, to read: live objects, deletion candidates, where the
-    /// store stands. Hold it briefly: the watcher waits for it to apply
-    /// what arrives.
+    /// Calls `read` with the cache (live objects, deletion candidates,
+    /// where the store stands) and returns what it returns. The cache is
+    /// locked for the call only, and no guard leaves the store, so none can
+    /// be held across an `.await`; keep `read` short: the watcher waits for
+    /// it to apply what arrives.
+    pub fn with_cache<R>(&self, read: impl FnOnce(&Cache<T>) -> R) -> R {
+        read(&self.read())
+    }
+
+    /// The cache, to read (the crate's own; others use
+    /// [`Store::with_cache`]).
     ///
     /// Every cache operation is a few map updates that cannot leave the maps
     /// half-changed, so a lock poisoned by a panicking thread is still
     /// consistent: this (and `write`) is the one place that says so.
-    pub fn read(&self) -> RwLockReadGuard<'_, Cache<T>> {
+    pub(crate) fn read(&self) -> RwLockReadGuard<'_, Cache<T>> {
         self.inner
             .cache
             .read()
@@ -103,7 +111,7 @@ impl<T: Cached> Store<T> {
     }
 
     /// The cache, for writing: the watcher's, and the named repairs'
-    /// below (see [`Store::read`]).
+    /// below (see [`Store::with_cache`]).
     pub(crate) fn write(&self) -> RwLockWriteGuard<'_, Cache<T>> {
         self.inner
             .cache

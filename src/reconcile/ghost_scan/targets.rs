@@ -18,14 +18,13 @@ pub(super) fn targets(ctx: &Context) -> Vec<Target> {
     // (Service key, the pods its objects name, each with whether it is
     // named by a ready address), from either controller.
     let mut named: Vec<(ObjectKey, Vec<(String, bool)>)> = Vec::new();
-    let endpoints: Vec<_> = ctx
-        .stores
-        .endpoints
-        .read()
-        .iter()
-        .filter(|ep| managers.endpoints(ep.managed_by()))
-        .cloned()
-        .collect();
+    let endpoints: Vec<_> = ctx.stores.endpoints.with_cache(|endpoints| {
+        endpoints
+            .iter()
+            .filter(|ep| managers.endpoints(ep.managed_by()))
+            .cloned()
+            .collect()
+    });
     for ep in endpoints {
         let Ok(decoded) = ep.decode() else { continue };
         let subsets = decoded.subsets.iter().flatten();
@@ -43,14 +42,13 @@ pub(super) fn targets(ctx: &Context) -> Vec<Target> {
             .collect();
         named.push((ep.key(), pods));
     }
-    let slices: Vec<_> = ctx
-        .stores
-        .slices
-        .read()
-        .iter()
-        .filter(|s| s.is_ours(managers))
-        .cloned()
-        .collect();
+    let slices: Vec<_> = ctx.stores.slices.with_cache(|slices| {
+        slices
+            .iter()
+            .filter(|s| s.is_ours(managers))
+            .cloned()
+            .collect()
+    });
     for slice in slices {
         let (Some(key), Ok(decoded)) = (slice.service_key(), slice.decode()) else {
             continue;
@@ -69,8 +67,8 @@ pub(super) fn targets(ctx: &Context) -> Vec<Target> {
         named.push((key, pods));
     }
 
-    let services = ctx.stores.services.read();
-    let pods = ctx.stores.pods.read();
+    let services = &ctx.stores.services;
+    let pod_store = &ctx.stores.pods;
     let mut seen: HashSet<(Kind, ObjectKey)> = HashSet::new();
     let (mut first, mut rest) = (Vec::new(), Vec::new());
     // Ready before not ready, so a pod named both ways counts as ready.
@@ -86,7 +84,7 @@ pub(super) fn targets(ctx: &Context) -> Vec<Target> {
     });
     for (key, name, ready) in ordered.chain(not_ready) {
         let pod_key = ObjectKey::new(key.namespace.clone(), name.as_str());
-        if let Some(pod) = pods.get(&pod_key)
+        if let Some(pod) = pod_store.get(&pod_key)
             && seen.insert((Kind::Pod, pod_key.clone()))
         {
             let target = Target {

@@ -139,14 +139,14 @@ pub fn slices_of(
         desired::slices::LABEL_SERVICE_NAME.to_string(),
         key.name.clone(),
     )]);
-    ctx.stores
-        .slices
-        .read()
-        .selector_candidates(&key.namespace, &selector)
-        .into_iter()
-        .filter(|s| s.is_ours(managers) && s.service_key().as_ref() == Some(key))
-        .cloned()
-        .collect()
+    ctx.stores.slices.with_cache(|slices| {
+        slices
+            .selector_candidates(&key.namespace, &selector)
+            .into_iter()
+            .filter(|s| s.is_ours(managers) && s.service_key().as_ref() == Some(key))
+            .cloned()
+            .collect()
+    })
 }
 
 /// A slice changed by someone else (our own writes reach the cache first,

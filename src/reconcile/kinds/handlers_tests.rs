@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::Service;
 use super::*;
 use crate::desired::PodFields;
 use crate::desired::PodInfo;
-use hardened_watcher::WatchEventKind;
+use hardened_watcher::{Cache, WatchEventKind};
 
 use crate::reconcile::testkit::context;
 
@@ -89,9 +89,9 @@ async fn deleted_pod_named_by_no_endpoints_is_released_at_once() {
     let pods = &ctx.stores.pods;
     pods.apply_watch_event(WatchEventKind::Added, p.clone());
     pods.apply_watch_event(WatchEventKind::Deleted, pod("ns", "a", "2"));
-    assert_eq!(pods.read().tombstone_count(), 1);
+    assert_eq!(pods.with_cache(Cache::tombstone_count), 1);
     on_pod(&ctx, &Change::DeletionCandidate(Arc::new(p)), None);
-    assert_eq!(ctx.stores.pods.read().tombstone_count(), 0);
+    assert_eq!(ctx.stores.pods.with_cache(Cache::tombstone_count), 0);
 }
 
 /// The metrics' fixed `resource` labels are the watched kinds, in order:

@@ -98,14 +98,13 @@ pub fn on_node(ctx: &Context, change: &Change<CachedNode>, received: Option<Inst
             old.info.zone != new.info.zone
         }
     };
-    let keys: Vec<ObjectKey> = ctx
-        .stores
-        .services
-        .read()
-        .iter()
-        .filter(|svc| every_service || hint_mode(svc, ctx.rules) == HintMode::Auto)
-        .map(|svc| svc.key())
-        .collect();
+    let keys: Vec<ObjectKey> = ctx.stores.services.with_cache(|services| {
+        services
+            .iter()
+            .filter(|svc| every_service || hint_mode(svc, ctx.rules) == HintMode::Auto)
+            .map(|svc| svc.key())
+            .collect()
+    });
     for key in keys {
         ctx.enqueue_for(Controller::Endpointslices, key, received);
     }

@@ -81,24 +81,25 @@ pub fn on_pod(ctx: &Context, change: &Change<PodInfo>, received: Option<Instant>
             (Some(old), new)
         }
     };
-    let services = ctx.stores.services.read();
-    for svc in services.in_namespace(new.namespace()) {
-        let handling = svc.handling(ctx.scope);
-        let Some(selector) = handling.selector() else {
-            continue;
-        };
-        let selects_new = desired::selector_matches(selector, new.as_ref());
-        let selects_old = old.is_some_and(|o| desired::selector_matches(selector, o.as_ref()));
-        // An opted-out Service concerns us only while objects of ours are
-        // left for it.
-        let ours = || {
-            !matches!(handling, Handling::OptedOut(_))
-                || <ServiceKind as Kind>::at_stake(ctx, &svc.key(), "")
-        };
-        if (selects_new || selects_old) && ours() {
-            ctx.enqueue(svc.key(), received);
+    ctx.stores.services.with_cache(|services| {
+        for svc in services.in_namespace(new.namespace()) {
+            let handling = svc.handling(ctx.scope);
+            let Some(selector) = handling.selector() else {
+                continue;
+            };
+            let selects_new = desired::selector_matches(selector, new.as_ref());
+            let selects_old = old.is_some_and(|o| desired::selector_matches(selector, o.as_ref()));
+            // An opted-out Service concerns us only while objects of ours are
+            // left for it.
+            let ours = || {
+                !matches!(handling, Handling::OptedOut(_))
+                    || <ServiceKind as Kind>::at_stake(ctx, &svc.key(), "")
+            };
+            if (selects_new || selects_old) && ours() {
+                ctx.enqueue(svc.key(), received);
+            }
         }
-    }
+    });
 }
 
 /// A deleted pod that nothing of ours names has no address to guard: its
@@ -119,15 +120,13 @@ fn release_if_unreferenced(ctx: &Context, pod: &PodInfo) {
 pub fn pod_referenced(ctx: &Context, namespace: &str, uid: &str) -> bool {
     let uid = TargetRefUid::new(uid);
     let managers = ctx.scope.managers();
-    ctx.stores
-        .endpoints
-        .read()
-        .in_namespace(namespace)
-        .any(|ep| managers.endpoints(ep.managed_by()) && ep.references(&uid))
-        || ctx
-            .stores
-            .slices
-            .read()
+    ctx.stores.endpoints.with_cache(|endpoints| {
+        endpoints
+            .in_namespace(namespace)
+            .any(|ep| managers.endpoints(ep.managed_by()) && ep.references(&uid))
+    }) || ctx.stores.slices.with_cache(|slices| {
+        slices
             .in_namespace(namespace)
             .any(|slice| slice.is_ours(managers) && slice.references(&uid))
+    })
 }
