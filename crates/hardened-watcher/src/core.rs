@@ -61,9 +61,10 @@ pub(super) struct DisputedList {
 pub(super) enum Finished {
     /// Its pages came from different snapshots: list again.
     Inconsistent,
-    /// Live reads must settle some of its items first (or no list was in
-    /// progress).
+    /// Live reads must settle some of its items first.
     Disputed,
+    /// No list was in progress.
+    NoList,
     /// Applied: the watch goes on.
     Applied {
         /// The list's RV.
@@ -123,8 +124,9 @@ pub(super) enum ExactResync {
     Probing,
     /// The store's revision: the resync's first page asks for it exactly.
     At(String),
-    /// The first page asked for an exact RV and the list is in progress.
-    Listing,
+    /// The first page asked for this exact RV and the list is in progress
+    /// (a throttled first page asks for it again).
+    Listing(String),
     /// The probe or the exact list failed, or the store is below what the
     /// cache has seen (a rewind, which the latest state shows): this resync
     /// lists the latest state.
@@ -231,8 +233,8 @@ impl<T: Cached> WatchCore<T> {
         } = &mut action
         {
             *exact_rv = self.exact_resync_rv();
-            if exact_rv.is_some() {
-                self.exact = ExactResync::Listing;
+            if let Some(rv) = exact_rv {
+                self.exact = ExactResync::Listing(rv.clone());
             }
         }
         Step::Act(action)
@@ -242,7 +244,7 @@ impl<T: Cached> WatchCore<T> {
     /// the probe read, where it is a decimal RV not below the list's floor.
     fn exact_resync_rv(&mut self) -> Option<String> {
         let list = self.list.as_ref()?;
-        let ExactResync::At(store_rv) = &self.exact else {
+        let (ExactResync::At(store_rv) | ExactResync::Listing(store_rv)) = &self.exact else {
             return None;
         };
         if list.mode() != ListMode::Resync {
@@ -295,7 +297,7 @@ impl<T: Cached> WatchCore<T> {
                     return;
                 }
                 self.abort_list();
-                if self.exact == ExactResync::Listing {
+                if matches!(self.exact, ExactResync::Listing(_)) {
                     self.exact = ExactResync::Refused;
                     warn!(error = %err, "a resync list at an exact resourceVersion failed; this resync lists the latest state instead");
                 }
@@ -376,7 +378,7 @@ impl<T: Cached> WatchCore<T> {
     fn finish_list(&mut self, list_rv: String) {
         match self.end_list(list_rv) {
             Finished::Inconsistent => self.machine.request_relist(RestartReason::ListError),
-            Finished::Disputed => {}
+            Finished::Disputed | Finished::NoList => {}
             Finished::Applied { list_rv, mode } => self.after_list(&list_rv, mode),
         }
     }
@@ -385,7 +387,7 @@ impl<T: Cached> WatchCore<T> {
     /// changes to the sink, and sets its disputes aside for live reads.
     pub(super) fn end_list(&mut self, list_rv: String) -> Finished {
         let Some(builder) = self.list.take() else {
-            return Finished::Disputed;
+            return Finished::NoList;
         };
         let known_rv = builder.floor().map(str::to_owned);
         let outcome: ListOutcome<T> = {

@@ -106,13 +106,12 @@ impl<T: Cached> WatchCore<T> {
                 (BesideStep::Probe, None)
             }
             Beside::Page { continue_token } => {
+                // The probed revision stays: a throttled first page asks
+                // for it again.
                 let exact_rv = match (&continue_token, &self.exact) {
                     (None, ExactResync::At(rv)) => Some(rv.clone()),
                     _ => None,
                 };
-                if exact_rv.is_some() {
-                    self.exact = ExactResync::Listing;
-                }
                 let action = BesideStep::List {
                     continue_token: continue_token.clone(),
                     limit,
@@ -229,6 +228,7 @@ impl<T: Cached> WatchCore<T> {
             // Live reads first (the driver makes them between watches);
             // then the watch resumes where it was.
             Finished::Disputed => true,
+            Finished::NoList => self.beside_gives_up(),
         }
     }
 

@@ -148,14 +148,23 @@ fn a_watch_that_ends_takes_the_list_with_it() {
     assert!(answer.try_recv().is_ok());
 }
 
-/// A throttled page is asked for again after the server's pause; the pages
-/// already applied stay and the list does not start over.
+/// A throttled page is asked for again after the server's pause (the first
+/// at exactly the probed revision again); the pages already applied stay
+/// and the list does not start over.
 #[test]
 fn a_throttled_page_is_asked_for_again() {
     let (mut h, mut answer) =
         resync_beside(vec![obj("a", "ua", "100"), obj("gone", "ug", "110")], "200");
     assert!(!h.core.on_beside_probe(Ok("300".into())));
     h.core.beside_step();
+    // The first page throttled: asked for again at exactly the revision.
+    assert!(!h.core.on_beside_page(Err(throttled_error(2))));
+    assert_eq!(
+        h.core.beside_step(),
+        Some(BesideStep::Pause(Duration::from_secs(2)))
+    );
+    h.core.on_beside_pause_elapsed();
+    assert_eq!(h.core.beside_step(), Some(first_page("300")));
     h.core
         .on_beside_page(Ok(page(vec![obj("a", "ua", "100")], Some("c1"), "300")));
     h.core.beside_step();

@@ -267,16 +267,12 @@ where
                     self.list_page(&client, &request, &page).await
                 }
                 Step::Act(Action::Probe) => {
-                    let one = PageAt {
-                        limit: 1,
-                        ..PageAt::default()
-                    };
-                    let page = tokio::select! {
-                        page = fetch_page(&client, &request, &one) => page,
+                    let store_rv = tokio::select! {
+                        store_rv = store_revision(&client, &request) => store_rv,
                         () = stopped(&mut self.shutdown) => return Ok(()),
                     };
                     self.core.input_arrived(Instant::now());
-                    self.core.on_probe(page.and_then(|body| page_rv(&body)));
+                    self.core.on_probe(store_rv);
                     Flow::Continue
                 }
                 Step::Act(Action::Watch { resource_version }) => {
@@ -315,14 +311,7 @@ where
         client: &kube::Client,
         request: &kube::core::Request,
     ) -> CountCheck {
-        let probe = PageAt {
-            limit: 1,
-            ..PageAt::default()
-        };
-        let store_rv = match fetch_page(client, request, &probe)
-            .await
-            .and_then(|body| page_rv(&body))
-        {
+        let store_rv = match store_revision(client, request).await {
             Ok(rv) if !rv.is_empty() => rv,
             Ok(_) => return CountCheck::Unknown("the store's resourceVersion was empty".into()),
             Err(err) => {
@@ -597,6 +586,21 @@ where
     }
 }
 
+/// The store's current revision: the resourceVersion of a one-item
+/// consistent LIST (the probe).
+async fn store_revision(
+    client: &kube::Client,
+    request: &kube::core::Request,
+) -> Result<String, kube::Error> {
+    let one = PageAt {
+        limit: 1,
+        ..PageAt::default()
+    };
+    fetch_page(client, request, &one)
+        .await
+        .and_then(|body| page_rv(&body))
+}
+
 /// A LIST page's body, in protobuf where the watcher decodes it.
 async fn fetch_list_body(
     client: &kube::Client,
@@ -634,16 +638,7 @@ fn beside_request(
     let selectors = selectors.clone();
     Box::pin(async move {
         match step {
-            BesideStep::Probe => {
-                let one = PageAt {
-                    limit: 1,
-                    ..PageAt::default()
-                };
-                let rv = fetch_page(&client, &request, &one)
-                    .await
-                    .and_then(|body| page_rv(&body));
-                BesideAnswer::Probe(rv)
-            }
+            BesideStep::Probe => BesideAnswer::Probe(store_revision(&client, &request).await),
             BesideStep::List {
                 continue_token,
                 limit,

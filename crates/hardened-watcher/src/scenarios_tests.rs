@@ -262,6 +262,26 @@ fn resync_lists_ask_for_the_stores_revision_exactly() {
     h.expect_list(None);
 }
 
+/// 6e. A resync's first page that the server throttles (429) is asked for
+///     again after its pause at exactly the same revision: the pause does
+///     not turn the exact list into one of the latest state.
+#[test]
+fn a_throttled_first_page_of_a_resync_stays_exact() {
+    let mut h = Harness::synced_with(vec![obj("a", "ua", "100"), obj("b", "ub", "110")], "200");
+    let (reply, _answer) = tokio::sync::oneshot::channel();
+    h.core.on_request(super::store::Request::Resync(reply));
+    h.expect_resync_list("210");
+    h.core.on_list_page(Err(throttled_error(2)));
+    assert_eq!(
+        h.step(),
+        Step::Act(Action::Backoff(std::time::Duration::from_secs(2)))
+    );
+    h.core.on_backoff_elapsed();
+    h.expect_list_at(None, Some("210"));
+    h.page(vec![obj("a", "ua", "100")], None, "210");
+    assert_eq!(h.deletion_candidates(), vec![key("b")]);
+}
+
 /// 6d. A DELETE the watch never delivered, and nothing after it: the watch
 ///     is idle below the delete, yet the resync's list, at the store's
 ///     revision rather than the cache's mark, lacks the object.

@@ -229,7 +229,7 @@ impl Harness {
         self.expect_list_at(None, Some(store_rv));
     }
 
-    fn expect_list_at(&mut self, token: Option<&str>, exact_rv: Option<&str>) {
+    pub fn expect_list_at(&mut self, token: Option<&str>, exact_rv: Option<&str>) {
         let step = self.step();
         assert_eq!(
             step,
