@@ -148,6 +148,18 @@ fn a_watch_that_ends_takes_the_list_with_it() {
     assert!(answer.try_recv().is_ok());
 }
 
+/// The page out is answered 429 with a pause of `seconds`: the pause, then
+/// `again`.
+fn throttled_then_asked_again(h: &mut Harness, seconds: u32, again: BesideStep) {
+    assert!(!h.core.on_beside_page(Err(throttled_error(seconds))));
+    assert_eq!(
+        h.core.beside_step(),
+        Some(BesideStep::Pause(Duration::from_secs(u64::from(seconds))))
+    );
+    h.core.on_beside_pause_elapsed();
+    assert_eq!(h.core.beside_step(), Some(again));
+}
+
 /// A throttled page is asked for again after the server's pause (the first
 /// at exactly the probed revision again); the pages already applied stay
 /// and the list does not start over.
@@ -158,29 +170,18 @@ fn a_throttled_page_is_asked_for_again() {
     assert!(!h.core.on_beside_probe(Ok("300".into())));
     h.core.beside_step();
     // The first page throttled: asked for again at exactly the revision.
-    assert!(!h.core.on_beside_page(Err(throttled_error(2))));
-    assert_eq!(
-        h.core.beside_step(),
-        Some(BesideStep::Pause(Duration::from_secs(2)))
-    );
-    h.core.on_beside_pause_elapsed();
-    assert_eq!(h.core.beside_step(), Some(first_page("300")));
+    throttled_then_asked_again(&mut h, 2, first_page("300"));
     h.core
         .on_beside_page(Ok(page(vec![obj("a", "ua", "100")], Some("c1"), "300")));
     h.core.beside_step();
-    assert!(!h.core.on_beside_page(Err(throttled_error(3))));
-    assert_eq!(
-        h.core.beside_step(),
-        Some(BesideStep::Pause(Duration::from_secs(3)))
-    );
-    h.core.on_beside_pause_elapsed();
-    assert_eq!(
-        h.core.beside_step(),
-        Some(BesideStep::List {
+    throttled_then_asked_again(
+        &mut h,
+        3,
+        BesideStep::List {
             continue_token: Some("c1".into()),
             limit: 500,
             exact_rv: None,
-        })
+        },
     );
     h.core.on_beside_page(Ok(page(vec![], None, "300")));
     assert_eq!(h.deletion_candidates(), vec![key("gone")]);

@@ -265,30 +265,33 @@ async fn an_expired_continue_token_restarts_the_list_from_scratch() {
 /// A relist shows `a` at an RV below the one the watch delivered: a disputed
 /// item. The driver reads it by GET; a NotFound for `a` settles it as a
 /// ghost (evicted, counted), a bare text 404 settles nothing.
+/// A script in which a relist (after a 410) lists `a` at an older RV than
+/// the watch brought it to: disputed, so `a` is read live, and `answer` is
+/// what that read gets; then a watch that stays open.
+fn disputed_after_a_relist(answer: Reply) -> Vec<Reply> {
+    vec![
+        list(vec![svc("a", "100")], "200", None),
+        Reply::Stream(vec![
+            ev("MODIFIED", svc("a", "500")),
+            ev(
+                "ERROR",
+                json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                       "code": 410, "reason": "Expired"}),
+            ),
+        ]),
+        list(vec![svc("a", "100")], "900", None),
+        answer,
+        Reply::Hang,
+    ]
+}
+
 #[tokio::test]
 async fn a_disputed_item_is_read_live_and_only_a_not_found_status_is_gone() {
     for (answer, gone) in [
         (Reply::not_found("services", "a"), true),
         (Reply::Text(404, "404 page not found".into()), false),
     ] {
-        let running = Running::start(
-            vec![
-                list(vec![svc("a", "100")], "200", None),
-                Reply::Stream(vec![
-                    ev("MODIFIED", svc("a", "500")),
-                    ev(
-                        "ERROR",
-                        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                               "code": 410, "reason": "Expired"}),
-                    ),
-                ]),
-                list(vec![svc("a", "100")], "900", None),
-                answer,
-                Reply::Hang,
-            ],
-            500,
-        )
-        .await;
+        let running = Running::start(disputed_after_a_relist(answer), 500).await;
         running.wait_for_request("resourceVersion=900").await;
         let requests = running.requests();
         assert!(
@@ -464,22 +467,9 @@ async fn selectors_go_with_every_list_watch_and_live_read() {
         fields: Some("spec.type=ClusterIP".into()),
     };
     let running = Running::start_with(
-        vec![
-            list(vec![svc("a", "100")], "200", None),
-            Reply::Stream(vec![
-                ev("MODIFIED", svc("a", "500")),
-                ev(
-                    "ERROR",
-                    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                           "code": 410, "reason": "Expired"}),
-                ),
-            ]),
-            // a at an older RV than the cache's: disputed, read live through
-            // the selectors, which it no longer matches.
-            list(vec![svc("a", "100")], "900", None),
-            list(vec![], "900", None),
-            Reply::Hang,
-        ],
+        // The live read lists the one object through the selectors, which
+        // it no longer matches.
+        disputed_after_a_relist(list(vec![], "900", None)),
         500,
         &selectors,
     )

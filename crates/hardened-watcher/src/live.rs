@@ -50,6 +50,13 @@ fn classify<K>(
     }
 }
 
+/// Requests about `key`'s collection of `K`: its namespace's, or the
+/// cluster's for a cluster-scoped object (an empty namespace).
+fn requests_for<K: kube::Resource>(dyntype: &K::DynamicType, key: &ObjectKey) -> Request {
+    let namespace = (!key.namespace.is_empty()).then_some(key.namespace.as_str());
+    Request::new(K::url_path(dyntype, namespace))
+}
+
 /// GETs `key` of `K` (described by `dyntype`, `()` for k8s-openapi types)
 /// with resourceVersion unset: a read from etcd.
 pub async fn get<K>(
@@ -60,9 +67,7 @@ pub async fn get<K>(
 where
     K: kube::Resource + DeserializeOwned + Clone + Debug,
 {
-    let namespace = (!key.namespace.is_empty()).then_some(key.namespace.as_str());
-    let request = Request::new(K::url_path(dyntype, namespace));
-    let mut req = request
+    let mut req = requests_for::<K>(dyntype, key)
         .get(&key.name, &GetParams::default())
         .map_err(kube::Error::BuildRequest)?;
     req.extensions_mut().insert("get");
@@ -86,9 +91,7 @@ pub async fn get_selected<K>(
 where
     K: kube::Resource + DeserializeOwned + Clone + Debug,
 {
-    let namespace = (!key.namespace.is_empty()).then_some(key.namespace.as_str());
-    let request = Request::new(K::url_path(dyntype, namespace));
-    let mut req = request
+    let mut req = requests_for::<K>(dyntype, key)
         .list(&selectors.one_object(&key.name))
         .map_err(kube::Error::BuildRequest)?;
     req.extensions_mut().insert("list");
@@ -124,9 +127,7 @@ pub async fn get_meta<K>(
 where
     K: kube::Resource,
 {
-    let namespace = (!key.namespace.is_empty()).then_some(key.namespace.as_str());
-    let request = Request::new(K::url_path(dyntype, namespace));
-    let mut req = request
+    let mut req = requests_for::<K>(dyntype, key)
         .get_metadata(&key.name, &GetParams::default())
         .map_err(kube::Error::BuildRequest)?;
     req.extensions_mut().insert("get_metadata");
