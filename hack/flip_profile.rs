@@ -24,7 +24,8 @@ use serde_json::{Value, json};
 
 use endpoints_guard::desired;
 use endpoints_guard::reconcile::kinds::{self, EndpointsKind, Kind, PodKind, ServiceKind};
-use endpoints_guard::reconcile::{Context, Stores, sync, testkit};
+use endpoints_guard::reconcile::publish::reconcile;
+use endpoints_guard::reconcile::{Context, Stores, testkit};
 use endpoints_guard::settings::{Controller, Controllers};
 
 const NAMESPACE: &str = "eg-bench-0";
@@ -124,7 +125,7 @@ fn expected_write(ctx: &Context, key: &ObjectKey, rv: u64) -> Value {
         .as_deref()
         .unwrap_or_else(|| panic!("no service {key}"));
     let selector = desired::scope::spec_selector(service).unwrap_or_else(|| panic!("selector"));
-    let pods = sync::selected_pods(ctx, &key.namespace, selector);
+    let pods = kinds::selected_pods(ctx, &key.namespace, selector);
     let refs: Vec<_> = pods.iter().map(AsRef::as_ref).collect();
     let current = ctx.stores.endpoints.get(key).map(|ep| ep.decode());
     let current = current.transpose().unwrap_or_else(|err| panic!("{err}"));
@@ -199,7 +200,12 @@ fn stage_endpoints_event_decoded(ctx: &Arc<Context>, line: &str) {
 
 #[inline(never)]
 fn stage_reconcile(rt: &tokio::runtime::Runtime, ctx: &Context, key: &ObjectKey) {
-    if let Err(err) = rt.block_on(sync::reconcile(ctx, key, &testkit::untimed(ctx))) {
+    if let Err(err) = rt.block_on(reconcile(
+        ctx,
+        Controller::Endpoints,
+        key,
+        &testkit::untimed(ctx),
+    )) {
         panic!("reconcile {key}: {err}");
     }
 }

@@ -17,8 +17,9 @@ use crate::error::Result;
 use crate::metrics::Metrics;
 use crate::reconcile::kinds::{Kind, KindVisitor, for_each_kind};
 use crate::reconcile::latency::WriteClock;
+use crate::reconcile::publish::{self, Action};
 use crate::reconcile::queue::{Retry, Taken};
-use crate::reconcile::{Context, Stores, Work, enqueue_all, ghost_scan, resync, slice_sync, sync};
+use crate::reconcile::{Context, Stores, Work, enqueue_all, ghost_scan, resync};
 use crate::server::{self, auth, tls};
 use crate::settings::Controller;
 use crate::shutdown::stopped;
@@ -393,19 +394,17 @@ async fn work(ctx: Arc<Context>, controller: Controller) {
         let start = Instant::now();
         let span = debug_span!("reconcile", service = %key);
         let timer = clock.timer(received);
-        let result = match controller {
-            Controller::Endpoints => sync::reconcile(&ctx, &key, &timer).instrument(span).await,
-            Controller::Endpointslices => {
-                slice_sync::reconcile(&ctx, &key, &timer)
-                    .instrument(span)
-                    .await
-            }
-        };
+        let result = publish::reconcile(&ctx, controller, &key, &timer)
+            .instrument(span)
+            .await;
         duration.observe(start.elapsed().as_secs_f64());
         match result {
-            Ok(()) => {
+            Ok(action) => {
                 succeeded.inc();
                 queue.forget(&key);
+                if let Action::RequeueAfter(delay) = action {
+                    queue.add_after(key.clone(), delay);
+                }
             }
             Err(err) => {
                 failed.inc();

@@ -2,6 +2,7 @@
 //! reconcile of one Service for each controller (observe → desire → guard →
 //! apply), the deletion guard and the resync diff.
 
+mod apply;
 pub mod decide;
 pub mod events;
 pub mod ghost_scan;
@@ -10,10 +11,11 @@ pub mod kinds;
 pub mod latency;
 pub mod opt_in;
 pub mod orphans;
+pub mod publish;
 pub mod queue;
 pub mod resync;
-pub mod slice_sync;
-pub mod sync;
+mod slice_sync;
+mod sync;
 pub mod trigger;
 
 #[cfg(test)]

@@ -29,23 +29,12 @@ pub struct OptOutClock {
 }
 
 impl OptOutClock {
-    /// How long the opt-out of `key` has waited (zero if it has not started).
+    /// How long the opt-out of `key` has waited, its wait starting now if
+    /// it had not started.
     pub fn waited(&self, key: &ObjectKey, now: Instant) -> Duration {
-        lock(&self.since)
-            .get(key)
-            .map_or(Duration::ZERO, |(since, _)| {
-                now.saturating_duration_since(*since)
-            })
-    }
-
-    /// Starts the wait of `key`; false when it had started.
-    pub fn start(&self, key: &ObjectKey, now: Instant) -> bool {
         let mut since = lock(&self.since);
-        if since.contains_key(key) {
-            return false;
-        }
-        since.insert(key.clone(), (now, false));
-        true
+        let (started, _) = since.entry(key.clone()).or_insert((now, false));
+        now.saturating_duration_since(*started)
     }
 
     /// Marks the wait of `key` reported; true the first time.
@@ -288,9 +277,12 @@ mod tests {
         let clock = OptOutClock::default();
         let key = ObjectKey::new("ns", "web");
         let t0 = Instant::now();
-        assert_eq!(clock.waited(&key, t0), Duration::ZERO);
-        assert!(clock.start(&key, t0));
-        assert!(!clock.start(&key, t0 + Duration::from_secs(5)));
+        assert_eq!(clock.waited(&key, t0), Duration::ZERO, "started now");
+        assert_eq!(
+            clock.waited(&key, t0 + Duration::from_secs(5)),
+            Duration::from_secs(5),
+            "asked again, the first start stands"
+        );
         assert!(clock.report(&key));
         assert!(!clock.report(&key), "reported once");
         assert_eq!(
@@ -300,7 +292,8 @@ mod tests {
         clock.forget(&key);
         assert_eq!(
             clock.waited(&key, t0 + Duration::from_secs(9)),
-            Duration::ZERO
+            Duration::ZERO,
+            "forgotten: a new wait starts"
         );
     }
 }

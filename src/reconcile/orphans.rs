@@ -82,8 +82,9 @@ mod tests {
     use super::UnmanagedOrphans;
     use crate::reconcile::Context;
     use crate::reconcile::kinds::CachedEndpoints;
-    use crate::reconcile::sync::reconcile;
+    use crate::reconcile::publish::reconcile;
     use crate::reconcile::testkit::{context, untimed};
+    use crate::settings::Controller;
 
     fn gauge(ctx: &Context) -> i64 {
         ctx.metrics
@@ -146,7 +147,7 @@ mod tests {
         user_endpoints(&ctx, "orphan");
         user_endpoints(&ctx, "manual");
         for key in [&orphan, &manual] {
-            reconcile(&ctx, key, &untimed(&ctx))
+            reconcile(&ctx, Controller::Endpoints, key, &untimed(&ctx))
                 .await
                 .unwrap_or_else(|err| panic!("reconcile {key}: {err}"));
         }
@@ -157,7 +158,7 @@ mod tests {
         );
 
         selectorless_service(&ctx, "manual");
-        reconcile(&ctx, &manual, &untimed(&ctx))
+        reconcile(&ctx, Controller::Endpoints, &manual, &untimed(&ctx))
             .await
             .unwrap_or_else(|err| panic!("reconcile {manual}: {err}"));
         assert_eq!(gauge(&ctx), 1, "only the real orphan is counted");
@@ -171,7 +172,7 @@ mod tests {
                 .unwrap_or_else(|err| panic!("endpoints: {err}"));
                 CachedEndpoints::new(ep).unwrap_or_else(|| panic!("cached endpoints"))
             });
-        reconcile(&ctx, &orphan, &untimed(&ctx))
+        reconcile(&ctx, Controller::Endpoints, &orphan, &untimed(&ctx))
             .await
             .unwrap_or_else(|err| panic!("reconcile {orphan}: {err}"));
         assert_eq!(gauge(&ctx), 0, "a deleted orphan is no longer counted");

@@ -1,6 +1,7 @@
-//! The reconcile of one Service key for the EndpointSlice controller: observe
-//! the caches, compute the desired slices and the plan that reaches them, pass
-//! every removal through the guard, then write only what the plan holds.
+//! The EndpointSlice controller's side of the reconcile ([`Publisher`]): the
+//! slices cached for a Service, the desired slices and the plan that reaches
+//! them, every removal passed through the guard, then only what the plan
+//! holds written. The loop is `publish.rs`'s.
 //!
 //! What the guard covers here, as for Endpoints: slices are deleted for a
 //! Service missing from the cache only after a live read shows it gone; an
@@ -18,14 +19,15 @@ use kube::Api;
 use kube::api::{DeleteParams, PostParams, Preconditions};
 use tracing::{debug, info, warn};
 
-use super::decide::{Decision, Existing, Idle, Observed, Removal, decide, nodes_to_confirm};
+use super::apply::{self, Verb};
+use super::decide::{Existing, Removal, nodes_to_confirm};
 use super::guard;
-use super::kinds::{CachedService, CachedSlice, slice_pod_refs};
+use super::kinds::{CachedService, CachedSlice, selected_pods, slice_pod_refs};
 use super::latency::WriteTimer;
-use super::sync::{self, Verb};
+use super::publish::Publisher;
 use super::{Context, kinds};
 use crate::desired::PodInfo;
-use crate::desired::scope::{Handling, Managed, Managers};
+use crate::desired::scope::{Managed, Managers};
 use crate::desired::slices::{
     self, DesiredSlices, HintMode, NodeInfo, PlanOptions, SlicePlan, UPSTREAM_SLICE_MANAGER,
     ZoneCapacity,
@@ -36,60 +38,58 @@ use hardened_watcher::{Cached, ObjectKey, ReadStamp, live};
 
 const CONTROLLER: Controller = Controller::Endpointslices;
 
-/// `timer` times the first write (see [`WriteTimer`]).
-pub async fn reconcile(ctx: &Context, key: &ObjectKey, timer: &WriteTimer) -> Result<()> {
-    // The Service as a live read found it, once one was made.
-    let mut live: Option<Option<Arc<CachedService>>> = None;
-    loop {
-        // Ours and upstream's: which of them are ours is the decision's.
-        let found = kinds::slices_of(ctx, key, Managers::OWN_AND_UPSTREAM);
-        let existing = Existing {
+/// The EndpointSlice controller: the slices labelled for a Service.
+pub(crate) struct SlicesPublisher;
+
+impl Publisher for SlicesPublisher {
+    const CONTROLLER: Controller = CONTROLLER;
+    /// Ours and upstream's: which of them are ours is the decision's.
+    type Found = Vec<Arc<CachedSlice>>;
+
+    fn find(ctx: &Context, key: &ObjectKey) -> Self::Found {
+        kinds::slices_of(ctx, key, Managers::OWN_AND_UPSTREAM)
+    }
+
+    fn existing(found: &Self::Found) -> Existing {
+        Existing {
             own: found.iter().any(|s| s.is_ours(Managers::OWN)),
             upstream: found.iter().any(|s| !s.is_ours(Managers::OWN)),
-        };
-        let service = live.clone().unwrap_or_else(|| ctx.stores.services.get(key));
-        let opted_out = service
-            .as_deref()
-            .is_some_and(|svc| matches!(svc.handling(ctx.scope), Handling::OptedOut(_)));
-        let misses_pods =
-            sync::takeover_misses_pods(ctx, key, service.as_deref(), existing, || {
-                upstream_ready_refs(&found)
-            })?;
-        let decision = decide(&Observed {
-            scope: ctx.scope,
-            controller: CONTROLLER,
-            service: service.as_deref(),
-            read_live: live.is_some(),
-            existing,
-            covered: opted_out && existing.own && upstream_covers_ours(&found)?,
-            misses_pods,
-        });
-        sync::follow_up(ctx, CONTROLLER, key, service.as_deref(), &decision);
-        match decision {
-            Decision::ReadService(why) => {
-                live = Some(guard::read_service(ctx, CONTROLLER, key, why).await?);
-            }
-            Decision::Idle(Idle::NoService) => {
-                ctx.slices.trigger_times.forget(key);
-                sync::release_service_tombstone(ctx, key);
-                return Ok(());
-            }
-            Decision::Idle(_) | Decision::Frozen(_) => return Ok(()),
-            Decision::Remove { why, managers } => {
-                let ours: Vec<_> = found.into_iter().filter(|s| s.is_ours(managers)).collect();
-                return delete_all(ctx, key, &ours, why, timer).await;
-            }
-            Decision::Reconcile(managed) => {
-                let Some(service) = service.as_deref() else {
-                    return Ok(());
-                };
-                let ours: Vec<_> = found
-                    .into_iter()
-                    .filter(|s| s.is_ours(managed.managers))
-                    .collect();
-                return reconcile_content(ctx, key, service, &ours, managed, timer).await;
-            }
         }
+    }
+
+    fn upstream_ready(found: &Self::Found) -> Result<Vec<ObjectReference>> {
+        upstream_ready_refs(found)
+    }
+
+    fn upstream_covers_ours(found: &Self::Found) -> Result<bool> {
+        upstream_covers_ours(found)
+    }
+
+    async fn remove(
+        ctx: &Context,
+        key: &ObjectKey,
+        found: Self::Found,
+        why: Removal,
+        managers: Managers,
+        timer: &WriteTimer,
+    ) -> Result<()> {
+        let ours: Vec<_> = found.into_iter().filter(|s| s.is_ours(managers)).collect();
+        delete_all(ctx, key, &ours, why, timer).await
+    }
+
+    async fn publish(
+        ctx: &Context,
+        key: &ObjectKey,
+        service: &CachedService,
+        found: Self::Found,
+        managed: Managed<'_>,
+        timer: &WriteTimer,
+    ) -> Result<()> {
+        let ours: Vec<_> = found
+            .into_iter()
+            .filter(|s| s.is_ours(managed.managers))
+            .collect();
+        reconcile_content(ctx, key, service, &ours, managed, timer).await
     }
 }
 
@@ -136,7 +136,7 @@ async fn reconcile_content(
 ) -> Result<()> {
     let selector = managed.selector;
     let current: Vec<EndpointSlice> = existing.iter().map(|s| s.decode()).collect::<Result<_>>()?;
-    let mut pods = sync::selected_pods(ctx, &key.namespace, selector);
+    let mut pods = selected_pods(ctx, &key.namespace, selector);
     guard::hold_unconfirmed_pod_deletions(
         ctx,
         CONTROLLER,
@@ -248,33 +248,18 @@ fn compare_as(ctx: &Context, current: &[EndpointSlice]) -> &'static str {
     }
 }
 
-/// Counts a planned write in audit mode; `true` when the write may go ahead.
+/// Counts the plan's writes in audit mode; `true` when they may go ahead.
 fn may_write(ctx: &Context, key: &ObjectKey, plan: &SlicePlan) -> bool {
-    if ctx.mode == Mode::Audit {
-        for (verb, count) in [
+    apply::may_write(
+        ctx,
+        CONTROLLER,
+        key,
+        [
             (Verb::Create, plan.creates.len()),
             (Verb::Update, plan.updates.len()),
             (Verb::Delete, plan.deletes.len()),
-        ] {
-            ctx.metrics
-                .audit_divergences
-                .with_label_values(&[CONTROLLER.metric_label(), verb.as_str()])
-                .inc_by(count as u64);
-        }
-        info!(
-            %key,
-            creates = plan.creates.len(),
-            updates = plan.updates.len(),
-            deletes = plan.deletes.len(),
-            "audit: EndpointSlices differ from what the Service and pods call for"
-        );
-        return false;
-    }
-    if !ctx.writes_allowed() {
-        debug!(%key, "not the leader (any more): not writing EndpointSlices");
-        return false;
-    }
-    true
+        ],
+    )
 }
 
 /// Creates first, then updates, then deletes, as upstream orders them: the
@@ -298,7 +283,7 @@ async fn apply(
                 count_write(ctx, Verb::Create);
                 remember(ctx, key, written, &stamp);
             }
-            Err(err) if sync::is_namespace_terminating(&err) => {
+            Err(err) if apply::is_namespace_terminating(&err) => {
                 debug!(%key, "namespace is terminating; not creating EndpointSlices");
                 return Ok(());
             }
@@ -341,8 +326,8 @@ fn release_dropped(
         .flat_map(|g| &g.endpoints)
         .filter_map(|e| e.target_ref.as_ref())
         .collect();
-    let dropped = sync::dropped_pods(current.iter().flat_map(slice_pod_refs), kept.into_iter());
-    sync::release_dropped_pods(ctx, &key.namespace, dropped);
+    let dropped = apply::dropped_pods(current.iter().flat_map(slice_pod_refs), kept.into_iter());
+    apply::release_dropped_pods(ctx, &key.namespace, dropped);
 }
 
 /// Deletes the slices the decision removes (after a live read of their
@@ -416,7 +401,7 @@ async fn conflict_or_gone(
 ) -> Error {
     let slice_key = ObjectKey::new(key.namespace.as_str(), name);
     if api_code(&err) == Some(409) {
-        if let Err(read) = sync::refresh_after_conflict::<EndpointSlice, _>(
+        if let Err(read) = apply::refresh_after_conflict::<EndpointSlice, _>(
             ctx,
             &ctx.stores.slices,
             &slice_key,

@@ -1,131 +1,89 @@
-//! The reconcile of one Service key: observe the caches, compute the desired
-//! Endpoints, pass deletions through the guard, then write only what changed.
+//! The Endpoints controller's side of the reconcile ([`Publisher`]): what is
+//! cached for a Service, the guard over its addresses, the write of what
+//! differs, and the guarded deletion. The loop is `publish.rs`'s.
 
-use std::fmt::Debug;
 use std::sync::Arc;
-use std::time::Instant;
 
 use k8s_openapi::api::core::v1::{Endpoints, ObjectReference};
 use kube::api::{DeleteParams, PostParams, Preconditions};
 use kube::core::Request;
 use kube::{Api, Resource};
-use serde::de::DeserializeOwned;
 use tracing::{debug, info, warn};
 
-use std::collections::HashSet;
-
-use super::decide::{Decision, Existing, Idle, Observed, Removal, Status, decide, opt_in_status};
+use super::apply::{self, Verb, may_write, one};
+use super::decide::{Existing, Removal};
 use super::guard;
-use super::kinds::{CachedEndpoints, CachedService, managed_by, pod_target_refs};
+use super::kinds::{CachedEndpoints, CachedService, managed_by, pod_target_refs, selected_pods};
 use super::latency::WriteTimer;
-use super::opt_in::SELECTOR_RESTORED;
-use super::{Context, kinds, orphans};
-use crate::desired::scope::{ANNOTATION_SELECTOR, Handling, LABEL_OPT_IN, Managed, OptInState};
+use super::publish::Publisher;
+use super::{Context, orphans};
+use crate::desired::scope::{Managed, Managers};
 use crate::desired::{self, EndpointsMarks, PodInfo};
 use crate::error::{Error, Result, api_code};
-use crate::reconcile::kinds::{Kind, ServiceKind};
 use crate::settings::{Controller, Mode};
 use crate::wire::EndpointsWire;
-use hardened_watcher::{Cached, Confirmation, LiveRead, ObjectKey, Store, live};
+use hardened_watcher::{Cached, ObjectKey, live};
 
-/// A write to the Endpoints API.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Verb {
-    Create,
-    Update,
-    Delete,
-}
+/// The Endpoints controller: one Endpoints object per Service.
+pub(crate) struct EndpointsPublisher;
 
-impl Verb {
-    pub const ALL: [Verb; 3] = [Verb::Create, Verb::Update, Verb::Delete];
+impl Publisher for EndpointsPublisher {
+    const CONTROLLER: Controller = Controller::Endpoints;
+    type Found = Option<Arc<CachedEndpoints>>;
 
-    /// The bounded `verb`/`kind` label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Verb::Create => "create",
-            Verb::Update => "update",
-            Verb::Delete => "delete",
+    fn find(ctx: &Context, key: &ObjectKey) -> Self::Found {
+        ctx.stores.endpoints.get(key)
+    }
+
+    fn note_found(ctx: &Context, key: &ObjectKey, service_cached: bool, found: &Self::Found) {
+        orphans::observe(ctx, key, service_cached, found.as_deref());
+    }
+
+    fn existing(found: &Self::Found) -> Existing {
+        let manager = found.as_deref().and_then(CachedEndpoints::managed_by);
+        Existing {
+            own: manager == Some(desired::MANAGER),
+            upstream: manager == Some(desired::UPSTREAM_MANAGER),
         }
     }
-}
 
-impl std::fmt::Display for Verb {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// `timer` times the first write (see [`WriteTimer`]).
-pub async fn reconcile(ctx: &Context, key: &ObjectKey, timer: &WriteTimer) -> Result<()> {
-    // The Service as a live read found it, once one was made.
-    let mut live: Option<Option<Arc<CachedService>>> = None;
-    loop {
-        let endpoints = ctx.stores.endpoints.get(key);
-        let cached_service = ctx.stores.services.get(key);
-        orphans::observe(ctx, key, cached_service.is_some(), endpoints.as_deref());
-        let service = live.clone().unwrap_or(cached_service);
-        let existing = existing(endpoints.as_deref());
-        let misses_pods =
-            takeover_misses_pods(
-                ctx,
-                key,
-                service.as_deref(),
-                existing,
-                || match &endpoints {
-                    Some(ep) => Ok(ready_target_refs(&ep.decode()?)),
-                    None => Ok(Vec::new()),
-                },
-            )?;
-        let decision = decide(&Observed {
-            scope: ctx.scope,
-            controller: Controller::Endpoints,
-            service: service.as_deref(),
-            read_live: live.is_some(),
-            existing,
-            covered: false,
-            misses_pods,
-        });
-        follow_up(
-            ctx,
-            Controller::Endpoints,
-            key,
-            service.as_deref(),
-            &decision,
-        );
-        match decision {
-            Decision::ReadService(why) => {
-                live = Some(guard::read_service(ctx, Controller::Endpoints, key, why).await?);
-            }
-            Decision::Idle(Idle::NoService) => {
-                ctx.endpoints.trigger_times.forget(key);
-                release_service_tombstone(ctx, key);
-                return Ok(());
-            }
-            Decision::Idle(_) | Decision::Frozen(_) => return Ok(()),
-            Decision::Remove { why, managers } => {
-                return match endpoints {
-                    Some(ep) if managers.endpoints(ep.managed_by()) => {
-                        delete_endpoints(ctx, key, &ep, why, timer).await
-                    }
-                    _ => Ok(()),
-                };
-            }
-            Decision::Reconcile(managed) => {
-                let Some(service) = service.as_deref() else {
-                    return Ok(());
-                };
-                return reconcile_content(ctx, key, service, endpoints, managed, timer).await;
-            }
+    fn upstream_ready(found: &Self::Found) -> Result<Vec<ObjectReference>> {
+        match found {
+            Some(ep) => Ok(ready_target_refs(&ep.decode()?)),
+            None => Ok(Vec::new()),
         }
     }
-}
 
-/// Which managed-by value the cached Endpoints carry.
-fn existing(endpoints: Option<&CachedEndpoints>) -> Existing {
-    let manager = endpoints.and_then(CachedEndpoints::managed_by);
-    Existing {
-        own: manager == Some(desired::MANAGER),
-        upstream: manager == Some(desired::UPSTREAM_MANAGER),
+    /// One object per Service: ours and upstream's never stand side by side.
+    fn upstream_covers_ours(_found: &Self::Found) -> Result<bool> {
+        Ok(false)
+    }
+
+    async fn remove(
+        ctx: &Context,
+        key: &ObjectKey,
+        found: Self::Found,
+        why: Removal,
+        managers: Managers,
+        timer: &WriteTimer,
+    ) -> Result<()> {
+        match found {
+            Some(ep) if managers.endpoints(ep.managed_by()) => {
+                delete_endpoints(ctx, key, &ep, why, timer).await
+            }
+            _ => Ok(()),
+        }
+    }
+
+    async fn publish(
+        ctx: &Context,
+        key: &ObjectKey,
+        service: &CachedService,
+        found: Self::Found,
+        managed: Managed<'_>,
+        timer: &WriteTimer,
+    ) -> Result<()> {
+        reconcile_content(ctx, key, service, found, managed, timer).await
     }
 }
 
@@ -137,107 +95,6 @@ fn ready_target_refs(ep: &Endpoints) -> Vec<ObjectReference> {
         .flat_map(|s| s.addresses.iter().flatten())
         .filter_map(|a| a.target_ref.clone())
         .collect()
-}
-
-/// For both controllers: whether taking over upstream's objects of the
-/// Service would drop ready endpoints of live pods its opt-in's selector
-/// misses ([`guard::selector_misses_pods`]). `upstream_ready` gives the
-/// targetRefs of upstream's ready endpoints; it is asked only when a
-/// takeover is pending.
-pub(super) fn takeover_misses_pods(
-    ctx: &Context,
-    key: &ObjectKey,
-    service: Option<&CachedService>,
-    existing: Existing,
-    upstream_ready: impl FnOnce() -> Result<Vec<ObjectReference>>,
-) -> Result<bool> {
-    let Some(Handling::Managed(managed)) = service.map(|s| s.handling(ctx.scope)) else {
-        return Ok(false);
-    };
-    if !(managed.takes_over() && existing.upstream) {
-        return Ok(false);
-    }
-    Ok(guard::selector_misses_pods(
-        ctx,
-        key,
-        managed.selector,
-        &upstream_ready()?,
-    ))
-}
-
-/// What a decision means besides its action, for both controllers: where
-/// the opted-in Service stands (gauges, and a Warning Event when it enters
-/// a state that needs a person), and the opt-out clock.
-pub(super) fn follow_up(
-    ctx: &Context,
-    controller: Controller,
-    key: &ObjectKey,
-    service: Option<&CachedService>,
-    decision: &Decision<'_>,
-) {
-    let status = opt_in_status(service, ctx.scope, decision);
-    if let Some(entered) = ctx
-        .opt_in_states
-        .record(key, controller, status, &ctx.opt_in_gauges())
-    {
-        report_opt_in(ctx, key, entered);
-    }
-    let work = ctx.work(controller);
-    if status.map(Status::state) != Some(OptInState::OptingOut) {
-        work.opt_outs.forget(key);
-        return;
-    }
-    let now = Instant::now();
-    if work.opt_outs.start(key, now) {
-        // Back when the grace is over, to report a stalled opt-out.
-        work.queue.add_after(key.clone(), ctx.opt_out_grace);
-    } else if work.opt_outs.waited(key, now) >= ctx.opt_out_grace && work.opt_outs.report(key) {
-        warn!(%key, %controller, "opt-out stalled: kube-controller-manager does not publish the ready endpoints ours do");
-        guard::warn_event(
-            ctx,
-            key,
-            "OptOutStalled",
-            &format!(
-                "Opted out, but kube-controller-manager has not published the same ready endpoints within {:?}: endpoints-guard keeps its {} current and removes them once it does (is kube-controller-manager's {} controller running?)",
-                ctx.opt_out_grace,
-                controller.objects(),
-                controller.objects(),
-            ),
-        );
-    }
-}
-
-/// The Warning Event of an opted-in Service that entered `status`.
-fn report_opt_in(ctx: &Context, key: &ObjectKey, status: Status) {
-    let (reason, note) = match status {
-        Status::Frozen(why) => (
-            "OptInInvalid",
-            format!(
-                "Opted in, but {}: endpoints-guard leaves what is published as it is until this is fixed",
-                why.explain()
-            ),
-        ),
-        Status::State(OptInState::SelectorRestored) => (
-            SELECTOR_RESTORED,
-            "spec.selector is back on this opted-in Service (a re-applied manifest?): kube-controller-manager publishes beside endpoints-guard, and protection is off until spec.selector is removed again where the manifest lives, or the Service opts out".to_string(),
-        ),
-        Status::State(OptInState::BesideUpstream) => (
-            "ProtectionOff",
-            "Opted in, but spec.selector is still there: kube-controller-manager publishes beside endpoints-guard, and protection is off until spec.selector is removed".to_string(),
-        ),
-        Status::State(OptInState::LabelRemoved) => (
-            "OptInLabelRemoved",
-            format!(
-                "Label {LABEL_OPT_IN} is gone, but the Service has no spec.selector: endpoints-guard keeps publishing from annotation {ANNOTATION_SELECTOR}. Put spec.selector back to opt out, or the label back; removing the annotation too removes these endpoints"
-            ),
-        ),
-        Status::State(OptInState::Protecting | OptInState::OptingOut | OptInState::Frozen) => {
-            info!(%key, state = status.state().metric_label(), "opt-in state");
-            return;
-        }
-    };
-    warn!(%key, reason, "{note}");
-    guard::warn_event(ctx, key, reason, &note);
 }
 
 /// The Endpoints of a handled Service: the guard holds the addresses of
@@ -292,40 +149,6 @@ async fn reconcile_content(
     apply(ctx, key, endpoints.as_ref(), wanted, timer).await
 }
 
-/// The cached pods of `namespace` that `selector` selects.
-pub fn selected_pods(
-    ctx: &Context,
-    namespace: &str,
-    selector: &std::collections::BTreeMap<String, String>,
-) -> Vec<Arc<PodInfo>> {
-    ctx.stores.pods.with_cache(|pods| {
-        pods.selector_candidates(namespace, selector)
-            .into_iter()
-            .filter(|p| desired::selector_matches(selector, p.as_ref()))
-            .cloned()
-            .collect()
-    })
-}
-
-/// A Service gone from the cache with nothing of ours at stake (no Endpoints
-/// or slices, or only ones we never delete): its tombstone goes without a
-/// live read (any later deletion reads live anyway).
-pub(super) fn release_service_tombstone(ctx: &Context, key: &ObjectKey) {
-    // The other controller may still have something of ours for it.
-    if <ServiceKind as Kind>::at_stake(ctx, key, "") {
-        return;
-    }
-    let store = &ctx.stores.services;
-    let uid = store.with_cache(|services| {
-        services
-            .tombstone(key)
-            .map(|t| t.last_known.uid().to_string())
-    });
-    if let Some(uid) = uid {
-        store.confirm_deleted(key, &uid, Confirmation::Released);
-    }
-}
-
 /// The managed-by value a write would carry. In audit mode beside the upstream
 /// controller (with `--managed-by own`) its Endpoints differ from ours only by
 /// that label; counting that as a divergence would hide the real ones.
@@ -350,16 +173,7 @@ async fn apply(
     } else {
         Verb::Create
     };
-    if ctx.mode == Mode::Audit {
-        ctx.metrics
-            .audit_divergences
-            .with_label_values(&[Controller::Endpoints.metric_label(), verb.as_str()])
-            .inc();
-        info!(%key, would = verb.as_str(), "audit: Endpoints differ from what the Service and pods call for");
-        return Ok(());
-    }
-    if !ctx.writes_allowed() {
-        debug!(%key, "not the leader (any more): not writing");
+    if !may_write(ctx, Controller::Endpoints, key, one(verb)) {
         return Ok(());
     }
     let stamp = ctx.stores.endpoints.read_stamp();
@@ -378,7 +192,9 @@ async fn apply(
             // what was written decides, in `release_dropped_pods`, whether
             // anything still names them).
             let dropped = current
-                .map(|current| dropped_pods(pod_target_refs(current), pod_target_refs(&wanted)))
+                .map(|current| {
+                    apply::dropped_pods(pod_target_refs(current), pod_target_refs(&wanted))
+                })
                 .unwrap_or_default();
             // The cache learns our own write now, so the next reconcile compares
             // against it rather than writing again before the watch catches up.
@@ -390,7 +206,7 @@ async fn apply(
                     warn!(%key, "the Endpoints written could not be read for the cache; waiting for the watch")
                 }
             }
-            release_dropped_pods(ctx, &key.namespace, dropped);
+            apply::release_dropped_pods(ctx, &key.namespace, dropped);
             Ok(())
         }
         Err(err) if api_code(&err) == Some(409) => {
@@ -406,7 +222,7 @@ async fn apply(
             warn!(%key, "the Endpoints to update were gone; creating them on retry");
             Err(Error::kube("writing endpoints", key.to_string(), err))
         }
-        Err(err) if verb == Verb::Create && is_namespace_terminating(&err) => {
+        Err(err) if verb == Verb::Create && apply::is_namespace_terminating(&err) => {
             debug!(%key, "namespace is terminating; not creating Endpoints");
             Ok(())
         }
@@ -463,76 +279,9 @@ fn body_capacity(endpoints: &Endpoints) -> usize {
     1024 + 200 * addresses
 }
 
-/// Pods (name, uid) that the `current` targetRefs name and the `written`
-/// ones no longer do.
-pub(super) fn dropped_pods<'a>(
-    current: impl Iterator<Item = &'a ObjectReference>,
-    written: impl Iterator<Item = &'a ObjectReference>,
-) -> Vec<(String, String)> {
-    let kept: HashSet<&str> = written.filter_map(|r| r.uid.as_deref()).collect();
-    current
-        .filter_map(|r| Some((r.name.clone()?, r.uid.clone()?)))
-        .filter(|(_, uid)| !kept.contains(uid.as_str()))
-        .collect()
-}
-
-/// A pod whose address our write just dropped for a reason of its own (it
-/// turned terminating, or not ready, before its DELETE arrived) has nothing
-/// at stake any more: if its DELETE left a tombstone and nothing else of
-/// ours names it, the tombstone goes. (The guard reads a tombstoned pod live
-/// only while our Endpoints name it.)
-pub(super) fn release_dropped_pods(ctx: &Context, namespace: &str, dropped: Vec<(String, String)>) {
-    for (name, uid) in dropped {
-        let key = ObjectKey::new(namespace, name);
-        let tombstoned = ctx.stores.pods.with_cache(|pods| {
-            pods.tombstone(&key)
-                .is_some_and(|t| t.last_known.uid() == uid)
-        });
-        if tombstoned && !kinds::pod_referenced(ctx, namespace, &uid) {
-            ctx.stores
-                .pods
-                .confirm_deleted(&key, &uid, Confirmation::Released);
-        }
-    }
-}
-
-/// After a conflict, reads object `key` live into `store` (`project` makes its
-/// cached form; the store's read stamp is taken before the request), so the
-/// retry starts from fresh state even when the watch is behind. A read older
-/// than the cache asks for a relist: the store may have been rewound (see
-/// [`hardened_watcher::Store::restore`]). The Endpoints and the EndpointSlice
-/// reconciles both call it; `what` names the read in its error.
-pub(super) async fn refresh_after_conflict<K, C>(
-    ctx: &Context,
-    store: &Store<C>,
-    key: &ObjectKey,
-    what: &'static str,
-    project: fn(K) -> Option<C>,
-) -> Result<()>
-where
-    K: Resource<DynamicType = ()> + DeserializeOwned + Clone + Debug,
-    C: Cached,
-{
-    let stamp = store.read_stamp();
-    match live::get::<K>(&ctx.client, &(), key).await {
-        Ok(LiveRead::Found(object)) => {
-            match project(object) {
-                Some(cached) => {
-                    store.restore(cached, &stamp);
-                }
-                // Cannot happen for a decoded object; the watch brings it in anyway.
-                None => warn!(%key, "{what}: not encodable for the cache; waiting for the watch"),
-            }
-            Ok(())
-        }
-        Ok(LiveRead::Gone) => Ok(()),
-        Err(err) => Err(Error::kube(what, key.to_string(), err)),
-    }
-}
-
 /// [`refresh_after_conflict`] for Endpoints.
 async fn refresh_endpoints(ctx: &Context, key: &ObjectKey) -> Result<()> {
-    refresh_after_conflict::<Endpoints, _>(
+    apply::refresh_after_conflict::<Endpoints, _>(
         ctx,
         &ctx.stores.endpoints,
         key,
@@ -540,19 +289,6 @@ async fn refresh_endpoints(ctx: &Context, key: &ObjectKey) -> Result<()> {
         CachedEndpoints::new,
     )
     .await
-}
-
-pub(super) fn is_namespace_terminating(err: &kube::Error) -> bool {
-    match err {
-        kube::Error::Api(status) => {
-            status.code == 403
-                && status
-                    .details
-                    .as_ref()
-                    .is_some_and(|d| d.causes.iter().any(|c| c.reason == "NamespaceTerminating"))
-        }
-        _ => false,
-    }
 }
 
 /// Deletes Endpoints of ours the decision removes (after a live read of
@@ -565,16 +301,7 @@ async fn delete_endpoints(
     why: Removal,
     timer: &WriteTimer,
 ) -> Result<()> {
-    if ctx.mode == Mode::Audit {
-        ctx.metrics
-            .audit_divergences
-            .with_label_values(&[Controller::Endpoints.metric_label(), Verb::Delete.as_str()])
-            .inc();
-        info!(%key, why = ?why, "audit: Endpoints would be deleted");
-        return Ok(());
-    }
-    if !ctx.writes_allowed() {
-        debug!(%key, "not the leader (any more): not deleting");
+    if !may_write(ctx, Controller::Endpoints, key, one(Verb::Delete)) {
         return Ok(());
     }
     let api: Api<Endpoints> = Api::namespaced(ctx.client.clone(), &key.namespace);

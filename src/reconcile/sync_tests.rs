@@ -10,9 +10,10 @@ use hardened_watcher::{ObjectKey, WatchEventKind};
 use serde_json::json;
 
 use super::kinds::CachedEndpoints;
-use super::sync::reconcile;
+use super::publish::reconcile;
 use super::testkit::{endpoints, event_posted, pod, scripted, service, untimed};
 use crate::reconcile::Context;
+use crate::settings::Controller;
 
 const NS: &str = "ns";
 
@@ -71,7 +72,7 @@ async fn endpoints_of_a_service_read_gone_are_deleted_with_preconditions() {
     ])
     .await;
     cache_endpoints(&ctx, &[("web-0", "10.0.0.1")]);
-    let result = reconcile(&ctx, &web(), &untimed(&ctx)).await;
+    let result = reconcile(&ctx, Controller::Endpoints, &web(), &untimed(&ctx)).await;
     assert!(result.is_ok(), "{result:?}");
     assert_eq!(
         api_requests(&peer),
@@ -93,7 +94,7 @@ async fn a_404_that_is_not_a_not_found_of_the_service_deletes_nothing() {
     ] {
         let (peer, ctx) = scripted(vec![reply.clone()]).await;
         cache_endpoints(&ctx, &[("web-0", "10.0.0.1")]);
-        let result = reconcile(&ctx, &web(), &untimed(&ctx)).await;
+        let result = reconcile(&ctx, Controller::Endpoints, &web(), &untimed(&ctx)).await;
         assert!(result.is_err(), "{reply:?}");
         assert_eq!(
             api_requests(&peer),
@@ -117,7 +118,7 @@ async fn a_conflict_reads_the_endpoints_again_and_fails_for_a_retry() {
     .await;
     cache_service_and_pod(&ctx);
     cache_endpoints(&ctx, &[]);
-    let result = reconcile(&ctx, &web(), &untimed(&ctx)).await;
+    let result = reconcile(&ctx, Controller::Endpoints, &web(), &untimed(&ctx)).await;
     let err = result.err().map(|e| e.metric_label());
     assert_eq!(err, Some("conflict"));
     assert_eq!(
@@ -128,7 +129,7 @@ async fn a_conflict_reads_the_endpoints_again_and_fails_for_a_retry() {
         ]
     );
     // The retry starts from what the read returned: nothing left to write.
-    let result = reconcile(&ctx, &web(), &untimed(&ctx)).await;
+    let result = reconcile(&ctx, Controller::Endpoints, &web(), &untimed(&ctx)).await;
     assert!(result.is_ok(), "{result:?}");
     assert_eq!(api_requests(&peer).len(), 2, "no second write");
 }
@@ -144,7 +145,7 @@ async fn a_create_refused_for_a_terminating_namespace_is_dropped_quietly() {
     );
     let (peer, ctx) = scripted(vec![terminating]).await;
     cache_service_and_pod(&ctx);
-    let result = reconcile(&ctx, &web(), &untimed(&ctx)).await;
+    let result = reconcile(&ctx, Controller::Endpoints, &web(), &untimed(&ctx)).await;
     assert!(result.is_ok(), "{result:?}");
     assert_eq!(
         api_requests(&peer),
@@ -164,7 +165,7 @@ async fn a_refused_or_timed_out_write_is_an_error_reported_as_an_event() {
     ] {
         let (peer, ctx) = scripted(vec![reply]).await;
         cache_service_and_pod(&ctx);
-        let result = reconcile(&ctx, &web(), &untimed(&ctx)).await;
+        let result = reconcile(&ctx, Controller::Endpoints, &web(), &untimed(&ctx)).await;
         assert_eq!(result.err().map(|e| e.metric_label()), Some(label));
         assert!(
             event_posted(&peer, Duration::from_secs(5)).await,

@@ -130,3 +130,18 @@ pub fn pod_referenced(ctx: &Context, namespace: &str, uid: &str) -> bool {
             .any(|slice| slice.is_ours(managers) && slice.references(&uid))
     })
 }
+
+/// The cached pods of `namespace` that `selector` selects.
+pub fn selected_pods(
+    ctx: &Context,
+    namespace: &str,
+    selector: &std::collections::BTreeMap<String, String>,
+) -> Vec<Arc<PodInfo>> {
+    ctx.stores.pods.with_cache(|pods| {
+        pods.selector_candidates(namespace, selector)
+            .into_iter()
+            .filter(|p| desired::selector_matches(selector, p.as_ref()))
+            .cloned()
+            .collect()
+    })
+}

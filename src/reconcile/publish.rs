@@ -1,0 +1,333 @@
+//! The reconcile of one Service key, one loop for both controllers: observe
+//! the caches, decide what may be touched (`decide.rs`, pure), then the
+//! controller's own guard and apply (`Publisher`: `sync.rs` for Endpoints,
+//! `slice_sync.rs` for EndpointSlices). A reconcile returns its [`Action`];
+//! the worker (`controller.rs`) alone queues the key again.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use tracing::{info, warn};
+
+use super::Context;
+use super::decide::{Decision, Existing, Idle, Observed, Removal, Status, decide, opt_in_status};
+use super::guard;
+use super::kinds::{CachedService, Kind, ServiceKind};
+use super::latency::WriteTimer;
+use super::opt_in::SELECTOR_RESTORED;
+use super::slice_sync::SlicesPublisher;
+use super::sync::EndpointsPublisher;
+use crate::desired::scope::{
+    ANNOTATION_SELECTOR, Handling, LABEL_OPT_IN, Managed, Managers, OptInState,
+};
+use crate::error::Result;
+use crate::settings::Controller;
+use hardened_watcher::{Cached, Confirmation, ObjectKey};
+
+/// What a successful reconcile asks of its worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Nothing: the key comes back with the next change or resync.
+    Done,
+    /// Queue the key again after this long: a wait no watch event announces
+    /// (the end of an opt-out's grace).
+    RequeueAfter(Duration),
+}
+
+/// What differs between the two controllers' reconciles: what they find
+/// cached for a Service, and how they remove and write it. The loop that
+/// calls them is [`reconcile`]'s.
+pub(crate) trait Publisher {
+    const CONTROLLER: Controller;
+    /// What the caches hold of this kind for the Service, ours and upstream's.
+    type Found;
+
+    fn find(ctx: &Context, key: &ObjectKey) -> Self::Found;
+
+    /// What the reconcile found beside the decision: Endpoints report
+    /// unmanaged orphans here.
+    fn note_found(_ctx: &Context, _key: &ObjectKey, _service_cached: bool, _found: &Self::Found) {}
+
+    /// Which managed-by values what was found carries.
+    fn existing(found: &Self::Found) -> Existing;
+
+    /// The targetRefs of the ready endpoints upstream's objects publish
+    /// (asked only when upstream's are there to be taken over).
+    fn upstream_ready(found: &Self::Found) -> Result<Vec<ObjectReference>>;
+
+    /// Whether upstream's objects publish every ready address ours do
+    /// (asked only for an opted-out Service with objects of ours).
+    fn upstream_covers_ours(found: &Self::Found) -> Result<bool>;
+
+    /// Deletes what `managers` takes as ours, the Service's removal decided.
+    fn remove(
+        ctx: &Context,
+        key: &ObjectKey,
+        found: Self::Found,
+        why: Removal,
+        managers: Managers,
+        timer: &WriteTimer,
+    ) -> impl Future<Output = Result<()>> + Send;
+
+    /// Guards and writes the content of a handled Service.
+    fn publish(
+        ctx: &Context,
+        key: &ObjectKey,
+        service: &CachedService,
+        found: Self::Found,
+        managed: Managed<'_>,
+        timer: &WriteTimer,
+    ) -> impl Future<Output = Result<()>> + Send;
+}
+
+/// Reconciles Service `key` for `controller`; `timer` times the first write
+/// (see [`WriteTimer`]).
+pub async fn reconcile(
+    ctx: &Context,
+    controller: Controller,
+    key: &ObjectKey,
+    timer: &WriteTimer,
+) -> Result<Action> {
+    match controller {
+        Controller::Endpoints => run::<EndpointsPublisher>(ctx, key, timer).await,
+        Controller::Endpointslices => run::<SlicesPublisher>(ctx, key, timer).await,
+    }
+}
+
+async fn run<P: Publisher>(ctx: &Context, key: &ObjectKey, timer: &WriteTimer) -> Result<Action> {
+    // The Service as a live read found it, once one was made.
+    let mut live: Option<Option<Arc<CachedService>>> = None;
+    loop {
+        let found = P::find(ctx, key);
+        let cached_service = ctx.stores.services.get(key);
+        P::note_found(ctx, key, cached_service.is_some(), &found);
+        let service = live.clone().unwrap_or(cached_service);
+        let existing = P::existing(&found);
+        let decision = decide(&Observed {
+            scope: ctx.scope,
+            controller: P::CONTROLLER,
+            service: service.as_deref(),
+            read_live: live.is_some(),
+            existing,
+            covered: opted_out(ctx, service.as_deref())
+                && existing.own
+                && P::upstream_covers_ours(&found)?,
+            misses_pods: takeover_misses_pods(ctx, key, service.as_deref(), existing, || {
+                P::upstream_ready(&found)
+            })?,
+        });
+        let action = follow_up(ctx, P::CONTROLLER, key, service.as_deref(), &decision);
+        match decision {
+            Decision::ReadService(why) => {
+                live = Some(guard::read_service(ctx, P::CONTROLLER, key, why).await?);
+                continue;
+            }
+            Decision::Idle(Idle::NoService) => {
+                ctx.work(P::CONTROLLER).trigger_times.forget(key);
+                release_service_tombstone(ctx, key);
+            }
+            Decision::Idle(_) | Decision::Frozen(_) => {}
+            Decision::Remove { why, managers } => {
+                P::remove(ctx, key, found, why, managers, timer).await?;
+            }
+            Decision::Reconcile(managed) => {
+                if let Some(service) = service.as_deref() {
+                    P::publish(ctx, key, service, found, managed, timer).await?;
+                }
+            }
+        }
+        return Ok(action);
+    }
+}
+
+fn opted_out(ctx: &Context, service: Option<&CachedService>) -> bool {
+    service.is_some_and(|svc| matches!(svc.handling(ctx.scope), Handling::OptedOut(_)))
+}
+
+/// Whether taking over upstream's objects of the Service would drop ready
+/// endpoints of live pods its opt-in's selector misses
+/// ([`guard::selector_misses_pods`]). `upstream_ready` gives the targetRefs
+/// of upstream's ready endpoints; it is asked only when a takeover is pending.
+fn takeover_misses_pods(
+    ctx: &Context,
+    key: &ObjectKey,
+    service: Option<&CachedService>,
+    existing: Existing,
+    upstream_ready: impl FnOnce() -> Result<Vec<ObjectReference>>,
+) -> Result<bool> {
+    let Some(Handling::Managed(managed)) = service.map(|s| s.handling(ctx.scope)) else {
+        return Ok(false);
+    };
+    if !(managed.takes_over() && existing.upstream) {
+        return Ok(false);
+    }
+    Ok(guard::selector_misses_pods(
+        ctx,
+        key,
+        managed.selector,
+        &upstream_ready()?,
+    ))
+}
+
+/// A Service gone from the cache with nothing of ours at stake (no Endpoints
+/// or slices, or only ones we never delete): its tombstone goes without a
+/// live read (any later deletion reads live anyway).
+fn release_service_tombstone(ctx: &Context, key: &ObjectKey) {
+    // The other controller may still have something of ours for it.
+    if <ServiceKind as Kind>::at_stake(ctx, key, "") {
+        return;
+    }
+    let store = &ctx.stores.services;
+    let uid = store.with_cache(|services| {
+        services
+            .tombstone(key)
+            .map(|t| t.last_known.uid().to_string())
+    });
+    if let Some(uid) = uid {
+        store.confirm_deleted(key, &uid, Confirmation::Released);
+    }
+}
+
+/// What a decision means besides its action: where the opted-in Service
+/// stands (gauges, and a Warning Event when it enters a state that needs a
+/// person), and the opt-out clock, whose grace the returned [`Action`]
+/// waits out.
+fn follow_up(
+    ctx: &Context,
+    controller: Controller,
+    key: &ObjectKey,
+    service: Option<&CachedService>,
+    decision: &Decision<'_>,
+) -> Action {
+    let status = opt_in_status(service, ctx.scope, decision);
+    if let Some(entered) = ctx
+        .opt_in_states
+        .record(key, controller, status, &ctx.opt_in_gauges())
+    {
+        report_opt_in(ctx, key, entered);
+    }
+    let work = ctx.work(controller);
+    if status.map(Status::state) != Some(OptInState::OptingOut) {
+        work.opt_outs.forget(key);
+        return Action::Done;
+    }
+    let waited = work.opt_outs.waited(key, Instant::now());
+    if waited < ctx.opt_out_grace {
+        // Back when the grace is over, to report a stalled opt-out (the
+        // queue keeps the earliest instant asked for).
+        return Action::RequeueAfter(ctx.opt_out_grace - waited);
+    }
+    if work.opt_outs.report(key) {
+        warn!(%key, %controller, "opt-out stalled: kube-controller-manager does not publish the ready endpoints ours do");
+        guard::warn_event(
+            ctx,
+            key,
+            "OptOutStalled",
+            &format!(
+                "Opted out, but kube-controller-manager has not published the same ready endpoints within {:?}: endpoints-guard keeps its {} current and removes them once it does (is kube-controller-manager's {} controller running?)",
+                ctx.opt_out_grace,
+                controller.objects(),
+                controller.objects(),
+            ),
+        );
+    }
+    Action::Done
+}
+
+/// The Warning Event of an opted-in Service that entered `status`.
+fn report_opt_in(ctx: &Context, key: &ObjectKey, status: Status) {
+    let (reason, note) = match status {
+        Status::Frozen(why) => (
+            "OptInInvalid",
+            format!(
+                "Opted in, but {}: endpoints-guard leaves what is published as it is until this is fixed",
+                why.explain()
+            ),
+        ),
+        Status::State(OptInState::SelectorRestored) => (
+            SELECTOR_RESTORED,
+            "spec.selector is back on this opted-in Service (a re-applied manifest?): kube-controller-manager publishes beside endpoints-guard, and protection is off until spec.selector is removed again where the manifest lives, or the Service opts out".to_string(),
+        ),
+        Status::State(OptInState::BesideUpstream) => (
+            "ProtectionOff",
+            "Opted in, but spec.selector is still there: kube-controller-manager publishes beside endpoints-guard, and protection is off until spec.selector is removed".to_string(),
+        ),
+        Status::State(OptInState::LabelRemoved) => (
+            "OptInLabelRemoved",
+            format!(
+                "Label {LABEL_OPT_IN} is gone, but the Service has no spec.selector: endpoints-guard keeps publishing from annotation {ANNOTATION_SELECTOR}. Put spec.selector back to opt out, or the label back; removing the annotation too removes these endpoints"
+            ),
+        ),
+        Status::State(OptInState::Protecting | OptInState::OptingOut | OptInState::Frozen) => {
+            info!(%key, state = status.state().metric_label(), "opt-in state");
+            return;
+        }
+    };
+    warn!(%key, reason, "{note}");
+    guard::warn_event(ctx, key, reason, &note);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::{Action, follow_up};
+    use crate::desired::scope::{Handling, Scope};
+    use crate::reconcile::decide::Decision;
+    use crate::reconcile::kinds::CachedService;
+    use crate::reconcile::testkit::{context, service};
+    use crate::settings::Controller;
+    use hardened_watcher::ObjectKey;
+
+    /// Where an opted-out Service's reconcile stands: `follow_up` of the
+    /// decision that keeps its slices current while upstream's do not cover them.
+    fn opting_out(grace: Duration) -> (crate::reconcile::Context, ObjectKey, CachedService) {
+        let mut ctx = context();
+        ctx.scope = Scope::OptIn;
+        ctx.opt_out_grace = grace;
+        // spec.selector and no opt-in label: opted out.
+        (
+            ctx,
+            ObjectKey::new("ns", "web"),
+            CachedService::new(service("ns", "web", "web")),
+        )
+    }
+
+    fn step(ctx: &crate::reconcile::Context, key: &ObjectKey, svc: &CachedService) -> Action {
+        let Handling::OptedOut(managed) = svc.handling(ctx.scope) else {
+            panic!("not opted out: {:?}", svc.handling(ctx.scope));
+        };
+        let decision = Decision::Reconcile(managed);
+        follow_up(ctx, Controller::Endpointslices, key, Some(svc), &decision)
+    }
+
+    #[tokio::test]
+    async fn an_opt_out_asks_to_come_back_when_its_grace_is_over() {
+        let grace = Duration::from_secs(300);
+        let (ctx, key, svc) = opting_out(grace);
+        let Action::RequeueAfter(first) = step(&ctx, &key, &svc) else {
+            panic!("no requeue for the end of the grace");
+        };
+        assert!(first <= grace && first > grace - Duration::from_secs(5));
+        let Action::RequeueAfter(second) = step(&ctx, &key, &svc) else {
+            panic!("asked again within the grace: no requeue");
+        };
+        assert!(
+            second <= first,
+            "the wait started once: {second:?} > {first:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stalled_opt_out_is_reported_once_and_not_requeued() {
+        let (ctx, key, svc) = opting_out(Duration::ZERO);
+        assert_eq!(step(&ctx, &key, &svc), Action::Done);
+        assert!(
+            !ctx.slices.opt_outs.report(&key),
+            "the first reconcile past the grace reported it"
+        );
+        assert_eq!(step(&ctx, &key, &svc), Action::Done);
+    }
+}
