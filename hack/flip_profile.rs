@@ -129,7 +129,7 @@ fn expected_write(ctx: &Context, key: &ObjectKey, rv: u64) -> Value {
     let refs: Vec<_> = pods.iter().map(AsRef::as_ref).collect();
     let current = ctx.stores.endpoints.get(key).map(|ep| ep.decode());
     let current = current.transpose().unwrap_or_else(|err| panic!("{err}"));
-    let computed = desired::compute_subsets(service, &refs, ctx.rules);
+    let computed = desired::compute_subsets(service, &refs, ctx.policy.rules);
     let wanted = desired::build_endpoints(
         service,
         computed,

@@ -19,7 +19,7 @@ use crate::reconcile::kinds::{Kind, KindVisitor, for_each_kind};
 use crate::reconcile::latency::WriteClock;
 use crate::reconcile::publish::{self, Action};
 use crate::reconcile::queue::{Retry, Taken};
-use crate::reconcile::{Context, Stores, Work, enqueue_all, ghost_scan, resync};
+use crate::reconcile::{Context, Policy, Stores, Work, enqueue_all, ghost_scan, resync};
 use crate::server::{self, auth, tls};
 use crate::settings::Controller;
 use crate::shutdown::stopped;
@@ -116,17 +116,19 @@ pub async fn start(
         client: client.clone(),
         metrics: metrics.clone(),
         events,
-        mode: cfg.mode,
         stores: stores.clone(),
+        leader: leadership.receiver(),
+        policy: Policy {
+            mode: cfg.mode,
+            scope: cfg.scope,
+            rules,
+            managed_by: cfg.managed_by(),
+            max_endpoints_per_slice: usize::from(cfg.max_endpoints_per_slice),
+            opt_out_grace: cfg.opt_out_grace,
+        },
         endpoints: Work::new(cfg.max_retries),
         slices: Work::new(cfg.max_retries),
-        max_endpoints_per_slice: usize::from(cfg.max_endpoints_per_slice),
-        rules,
-        managed_by: cfg.managed_by(),
-        scope: cfg.scope,
-        opt_out_grace: cfg.opt_out_grace,
         opt_in_states: Default::default(),
-        leader: leadership.receiver(),
     });
 
     let (ready_tx, ready_rx) = signal::channel(false);

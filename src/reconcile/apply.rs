@@ -51,7 +51,7 @@ pub(super) fn may_write(
     key: &ObjectKey,
     planned: [(Verb, usize); 3],
 ) -> bool {
-    if ctx.mode == Mode::Audit {
+    if ctx.policy.mode == Mode::Audit {
         for (verb, count) in planned {
             ctx.metrics
                 .audit_divergences

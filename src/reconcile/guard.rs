@@ -71,15 +71,14 @@ pub async fn read_service(
     store.restore(svc.clone(), &stamp);
     let contradicted = match why {
         Read::ServiceMissing => Some(prevention_reason(tombstone.map(|(source, _)| source))),
-        Read::OptOut => {
-            (!matches!(svc.handling(ctx.scope), Handling::OptedOut(_))).then_some(STALE_OPT_OUT)
-        }
+        Read::OptOut => (!matches!(svc.handling(ctx.policy.scope), Handling::OptedOut(_)))
+            .then_some(STALE_OPT_OUT),
         Read::Abandoned => {
-            (svc.handling(ctx.scope) != Handling::Abandoned).then_some(STALE_OPT_OUT)
+            (svc.handling(ctx.policy.scope) != Handling::Abandoned).then_some(STALE_OPT_OUT)
         }
         Read::Takeover => {
             let takes_over = matches!(
-                svc.handling(ctx.scope),
+                svc.handling(ctx.policy.scope),
                 Handling::Managed(m) if m.managers.upstream()
             );
             (!takes_over).then_some(STALE_TAKEOVER)

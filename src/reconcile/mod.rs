@@ -159,35 +159,44 @@ impl Work {
     }
 }
 
-/// Everything a reconcile needs, shared by the workers.
-pub struct Context {
-    pub client: kube::Client,
-    pub metrics: Arc<Metrics>,
-    /// Where Events go: published off the reconcile path.
-    pub events: events::EventSink,
+/// What the flags decide about what is published and how: the same for every
+/// reconcile of a run.
+#[derive(Debug, Clone, Copy)]
+pub struct Policy {
     pub mode: Mode,
-    pub stores: Stores,
-    /// The Endpoints controller's queue and trigger times.
-    pub endpoints: Work,
-    /// The EndpointSlice controller's queue and trigger times.
-    pub slices: Work,
-    pub max_endpoints_per_slice: usize,
+    /// Which Services are handled (`--scope`).
+    pub scope: Scope,
     /// The release whose kube-controller-manager is followed (the server's,
     /// or `--kube-rules`), with its feature gates.
     pub rules: Rules,
     /// The managed-by values written (`--managed-by`, or the scope's).
     pub managed_by: ManagedBy,
-    /// Which Services are handled (`--scope`).
-    pub scope: Scope,
+    pub max_endpoints_per_slice: usize,
     /// How long the objects of an opted-out Service wait for upstream's to
     /// cover them before the wait is reported as stalled (`--opt-out-grace`);
     /// they stay until upstream's do.
     pub opt_out_grace: Duration,
-    /// Where each opted-in Service stands.
-    pub opt_in_states: opt_in::OptInStates,
+}
+
+/// Everything a reconcile needs, shared by the workers: the API and what is
+/// reported ([`Context::client`], metrics, Events), what is known (the caches,
+/// leadership), what is decided ([`Policy`]), and each controller's [`Work`].
+pub struct Context {
+    pub client: kube::Client,
+    pub metrics: Arc<Metrics>,
+    /// Where Events go: published off the reconcile path.
+    pub events: events::EventSink,
+    pub stores: Stores,
     /// True while this instance may write: always without `--leader-elect`, else
     /// while it holds the leader Lease (see [`crate::leader`]).
     pub leader: tokio::sync::watch::Receiver<bool>,
+    pub policy: Policy,
+    /// The Endpoints controller's queue and trigger times.
+    pub endpoints: Work,
+    /// The EndpointSlice controller's queue and trigger times.
+    pub slices: Work,
+    /// Where each opted-in Service stands, the worse of both controllers' views.
+    pub opt_in_states: opt_in::OptInStates,
 }
 
 impl Context {
@@ -228,7 +237,7 @@ impl Context {
     }
 
     pub fn writes_allowed(&self) -> bool {
-        self.mode == Mode::Enforce && self.leading()
+        self.policy.mode == Mode::Enforce && self.leading()
     }
 
     /// Whether this instance leads now (always without `--leader-elect`).

@@ -106,7 +106,7 @@ async fn run<P: Publisher>(ctx: &Context, key: &ObjectKey, timer: &WriteTimer) -
         let service = live.clone().unwrap_or(cached_service);
         let existing = P::existing(&found);
         let decision = decide(&Observed {
-            scope: ctx.scope,
+            scope: ctx.policy.scope,
             controller: P::CONTROLLER,
             service: service.as_deref(),
             read_live: live.is_some(),
@@ -143,7 +143,7 @@ async fn run<P: Publisher>(ctx: &Context, key: &ObjectKey, timer: &WriteTimer) -
 }
 
 fn opted_out(ctx: &Context, service: Option<&CachedService>) -> bool {
-    service.is_some_and(|svc| matches!(svc.handling(ctx.scope), Handling::OptedOut(_)))
+    service.is_some_and(|svc| matches!(svc.handling(ctx.policy.scope), Handling::OptedOut(_)))
 }
 
 /// Whether taking over upstream's objects of the Service would drop ready
@@ -157,7 +157,7 @@ fn takeover_misses_pods(
     existing: Existing,
     upstream_ready: impl FnOnce() -> Result<Vec<ObjectReference>>,
 ) -> Result<bool> {
-    let Some(Handling::Managed(managed)) = service.map(|s| s.handling(ctx.scope)) else {
+    let Some(Handling::Managed(managed)) = service.map(|s| s.handling(ctx.policy.scope)) else {
         return Ok(false);
     };
     if !(managed.takes_over() && existing.upstream) {
@@ -201,7 +201,7 @@ fn follow_up(
     service: Option<&CachedService>,
     decision: &Decision<'_>,
 ) -> Action {
-    let status = opt_in_status(service, ctx.scope, decision);
+    let status = opt_in_status(service, ctx.policy.scope, decision);
     if let Some(entered) = ctx
         .opt_in_states
         .record(key, controller, status, &ctx.opt_in_gauges())
@@ -214,10 +214,10 @@ fn follow_up(
         return Action::Done;
     }
     let waited = work.opt_outs.waited(key, Instant::now());
-    if waited < ctx.opt_out_grace {
+    if waited < ctx.policy.opt_out_grace {
         // Back when the grace is over, to report a stalled opt-out (the
         // queue keeps the earliest instant asked for).
-        return Action::RequeueAfter(ctx.opt_out_grace - waited);
+        return Action::RequeueAfter(ctx.policy.opt_out_grace - waited);
     }
     if work.opt_outs.report(key) {
         warn!(%key, %controller, "opt-out stalled: kube-controller-manager does not publish the ready endpoints ours do");
@@ -227,7 +227,7 @@ fn follow_up(
             "OptOutStalled",
             &format!(
                 "Opted out, but kube-controller-manager has not published the same ready endpoints within {:?}: endpoints-guard keeps its {} current and removes them once it does (is kube-controller-manager's {} controller running?)",
-                ctx.opt_out_grace,
+                ctx.policy.opt_out_grace,
                 controller.objects(),
                 controller.objects(),
             ),
@@ -285,8 +285,8 @@ mod tests {
     /// decision that keeps its slices current while upstream's do not cover them.
     fn opting_out(grace: Duration) -> (crate::reconcile::Context, ObjectKey, CachedService) {
         let mut ctx = context();
-        ctx.scope = Scope::OptIn;
-        ctx.opt_out_grace = grace;
+        ctx.policy.scope = Scope::OptIn;
+        ctx.policy.opt_out_grace = grace;
         // spec.selector and no opt-in label: opted out.
         (
             ctx,
@@ -296,8 +296,8 @@ mod tests {
     }
 
     fn step(ctx: &crate::reconcile::Context, key: &ObjectKey, svc: &CachedService) -> Action {
-        let Handling::OptedOut(managed) = svc.handling(ctx.scope) else {
-            panic!("not opted out: {:?}", svc.handling(ctx.scope));
+        let Handling::OptedOut(managed) = svc.handling(ctx.policy.scope) else {
+            panic!("not opted out: {:?}", svc.handling(ctx.policy.scope));
         };
         let decision = Decision::Reconcile(managed);
         follow_up(ctx, Controller::Endpointslices, key, Some(svc), &decision)

@@ -198,7 +198,7 @@ pub fn sweep(ctx: &Context) {
 }
 
 fn sweep_slices(ctx: &Context) {
-    let managers = ctx.scope.managers();
+    let managers = ctx.policy.scope.managers();
     let orphaned: Vec<_> = ctx.stores.slices.with_cache(|slices| {
         slices
             .iter()
@@ -227,7 +227,7 @@ fn sweep_endpoints(ctx: &Context) {
             }
             for svc in services.iter() {
                 let writes = matches!(
-                    svc.handling(ctx.scope),
+                    svc.handling(ctx.policy.scope),
                     Handling::Managed(m) if m.endpoints == EndpointsRole::Write
                 );
                 if writes && endpoints.get(&svc.key()).is_none() {

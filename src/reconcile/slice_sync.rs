@@ -165,7 +165,7 @@ async fn reconcile_content(
     let created = service.metadata.creation_timestamp.as_ref().map(|t| t.0);
     let trigger = ctx.slices.trigger_times.compute(key, created, &pod_refs);
     let options = PlanOptions {
-        max_endpoints_per_slice: ctx.max_endpoints_per_slice,
+        max_endpoints_per_slice: ctx.policy.max_endpoints_per_slice,
         trigger_time: trigger,
         managers: managed.managers,
         replaced: if managed.takes_over() {
@@ -203,7 +203,7 @@ fn desire(
             .map(|node| (node.info.name.clone(), node.info.clone()))
             .collect()
     });
-    slices::desired_slices(service, pods, &nodes, manager, ctx.rules)
+    slices::desired_slices(service, pods, &nodes, manager, ctx.policy.rules)
 }
 
 /// The Nodes, unknown to the cache, of pods whose endpoints the current
@@ -241,10 +241,10 @@ fn compare_as(ctx: &Context, current: &[EndpointSlice]) -> &'static str {
             .and_then(|l| l.get(slices::LABEL_SLICE_MANAGED_BY))
             .is_some_and(|m| m == UPSTREAM_SLICE_MANAGER)
     });
-    if ctx.mode == Mode::Audit && upstream_wrote {
+    if ctx.policy.mode == Mode::Audit && upstream_wrote {
         UPSTREAM_SLICE_MANAGER
     } else {
-        ctx.managed_by.slices()
+        ctx.policy.managed_by.slices()
     }
 }
 

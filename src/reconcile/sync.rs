@@ -128,12 +128,18 @@ async fn reconcile_content(
     let pod_refs: Vec<&PodInfo> = pods.iter().map(AsRef::as_ref).collect();
     let created = service.metadata.creation_timestamp.as_ref().map(|t| t.0);
     let trigger = ctx.endpoints.trigger_times.compute(key, created, &pod_refs);
-    let computed = desired::compute_subsets(service, &pod_refs, ctx.rules);
+    let computed = desired::compute_subsets(service, &pod_refs, ctx.policy.rules);
     let marks = EndpointsMarks {
         managed_by: compare_as(ctx, endpoints.as_ref()),
         skip_mirror: managed.opt_in.is_some(),
     };
-    if !desired::needs_write(service, &computed, endpoints.as_ref(), marks, ctx.rules) {
+    if !desired::needs_write(
+        service,
+        &computed,
+        endpoints.as_ref(),
+        marks,
+        ctx.policy.rules,
+    ) {
         return Ok(());
     }
     let wanted = desired::build_endpoints(
@@ -142,7 +148,7 @@ async fn reconcile_content(
         endpoints.as_ref(),
         trigger,
         EndpointsMarks {
-            managed_by: ctx.managed_by.endpoints(),
+            managed_by: ctx.policy.managed_by.endpoints(),
             ..marks
         },
     );
@@ -154,10 +160,10 @@ async fn reconcile_content(
 /// that label; counting that as a divergence would hide the real ones.
 fn compare_as(ctx: &Context, current: Option<&Endpoints>) -> &'static str {
     let upstream_wrote = current.and_then(managed_by) == Some(desired::UPSTREAM_MANAGER);
-    if ctx.mode == Mode::Audit && upstream_wrote {
+    if ctx.policy.mode == Mode::Audit && upstream_wrote {
         desired::UPSTREAM_MANAGER
     } else {
-        ctx.managed_by.endpoints()
+        ctx.policy.managed_by.endpoints()
     }
 }
 

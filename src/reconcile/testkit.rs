@@ -9,7 +9,7 @@ use kube::runtime::events::{Recorder, Reporter};
 use serde_json::json;
 
 use super::latency::{WriteClock, WriteTimer};
-use super::{Context, Stores, Work};
+use super::{Context, Policy, Stores, Work};
 use crate::desired::scope::Scope;
 use crate::desired::{ManagedBy, PodFields, PodInfo};
 use crate::metrics::Metrics;
@@ -31,20 +31,22 @@ pub fn context_with(client: kube::Client) -> Context {
         runtime.spawn(publisher.run());
     }
     Context {
-        events,
         client,
         metrics,
-        mode: Mode::Enforce,
+        events,
         stores: Stores::new(),
+        leader: tokio::sync::watch::channel(true).1,
+        policy: Policy {
+            mode: Mode::Enforce,
+            scope: Scope::All,
+            rules: crate::desired::Rules::of(crate::desired::KubeRelease::NEWEST),
+            managed_by: ManagedBy::default(),
+            max_endpoints_per_slice: crate::desired::slices::DEFAULT_MAX_ENDPOINTS_PER_SLICE,
+            opt_out_grace: std::time::Duration::from_secs(300),
+        },
         endpoints: Work::new(super::queue::MAX_RETRIES),
         slices: Work::new(super::queue::MAX_RETRIES),
-        max_endpoints_per_slice: crate::desired::slices::DEFAULT_MAX_ENDPOINTS_PER_SLICE,
-        rules: crate::desired::Rules::of(crate::desired::KubeRelease::NEWEST),
-        managed_by: ManagedBy::default(),
-        scope: Scope::All,
-        opt_out_grace: std::time::Duration::from_secs(300),
         opt_in_states: Default::default(),
-        leader: tokio::sync::watch::channel(true).1,
     }
 }
 

@@ -14,7 +14,7 @@ use crate::reconcile::Context;
 /// them is where traffic goes and fails, so a pass reads them before the
 /// rest (not-ready and terminating pods, Services).
 pub(super) fn targets(ctx: &Context) -> Vec<Target> {
-    let managers = ctx.scope.managers();
+    let managers = ctx.policy.scope.managers();
     // (Service key, the pods its objects name, each with whether it is
     // named by a ready address), from either controller.
     let mut named: Vec<(ObjectKey, Vec<(String, bool)>)> = Vec::new();

@@ -159,7 +159,7 @@ pub fn on_endpoints(
                 .endpoints
                 .confirm_deleted(&key, ep.uid(), Confirmation::Released);
             let service = ctx.stores.services.get(&key);
-            let ours = ctx.scope.managers().endpoints(ep.managed_by());
+            let ours = ctx.policy.scope.managers().endpoints(ep.managed_by());
             if ours
                 && service
                     .as_deref()
@@ -178,7 +178,7 @@ pub fn on_endpoints(
 
 /// Whether the Endpoints reconcile writes the Endpoints of `svc`.
 fn writes_endpoints(ctx: &Context, svc: &CachedService) -> bool {
-    matches!(svc.handling(ctx.scope), Handling::Managed(m) if m.endpoints == EndpointsRole::Write)
+    matches!(svc.handling(ctx.policy.scope), Handling::Managed(m) if m.endpoints == EndpointsRole::Write)
 }
 
 /// How many deletion checks read the API at once: a namespace deletion

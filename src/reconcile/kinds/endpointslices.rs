@@ -156,7 +156,7 @@ pub fn slices_of(
 /// slices of ours (an opt-out waits for upstream's to cover them). Slices of
 /// other managers concern nobody.
 pub fn on_slice(ctx: &Context, change: &Change<CachedSlice>, received: Option<Instant>) {
-    let managers = ctx.scope.managers();
+    let managers = ctx.policy.scope.managers();
     let concerned = |slice: &CachedSlice| {
         let key = slice.service_key()?;
         let ours = slice.is_ours(managers)

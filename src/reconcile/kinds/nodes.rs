@@ -101,7 +101,7 @@ pub fn on_node(ctx: &Context, change: &Change<CachedNode>, received: Option<Inst
     let keys: Vec<ObjectKey> = ctx.stores.services.with_cache(|services| {
         services
             .iter()
-            .filter(|svc| every_service || hint_mode(svc, ctx.rules) == HintMode::Auto)
+            .filter(|svc| every_service || hint_mode(svc, ctx.policy.rules) == HintMode::Auto)
             .map(|svc| svc.key())
             .collect()
     });

@@ -83,7 +83,7 @@ pub fn on_pod(ctx: &Context, change: &Change<PodInfo>, received: Option<Instant>
     };
     ctx.stores.services.with_cache(|services| {
         for svc in services.in_namespace(new.namespace()) {
-            let handling = svc.handling(ctx.scope);
+            let handling = svc.handling(ctx.policy.scope);
             let Some(selector) = handling.selector() else {
                 continue;
             };
@@ -119,7 +119,7 @@ fn release_if_unreferenced(ctx: &Context, pod: &PodInfo) {
 /// their addresses, so nothing of theirs is at stake.
 pub fn pod_referenced(ctx: &Context, namespace: &str, uid: &str) -> bool {
     let uid = TargetRefUid::new(uid);
-    let managers = ctx.scope.managers();
+    let managers = ctx.policy.scope.managers();
     ctx.stores.endpoints.with_cache(|endpoints| {
         endpoints
             .in_namespace(namespace)

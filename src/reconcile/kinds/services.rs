@@ -88,7 +88,7 @@ impl Kind for ServiceKind {
     }
     /// Endpoints of ours under its name, or slices of ours labelled for it.
     fn at_stake(ctx: &Context, key: &ObjectKey, _uid: &str) -> bool {
-        let managers = ctx.scope.managers();
+        let managers = ctx.policy.scope.managers();
         ctx.stores
             .endpoints
             .get(key)
