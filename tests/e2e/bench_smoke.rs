@@ -22,9 +22,9 @@
 //!
 //! Needs the control-plane programs: `make controlplane`.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::common::endpoints_guard;
 use eg_harness::binaries::workspace_root;
 use eg_tools::bench::{
     self, BenchOptions, BenchSize, Controller, GuardDefaults, Kind, RunResult, report,
@@ -36,7 +36,7 @@ const COMPACTION: Duration = Duration::from_secs(60);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn size_s_briefly() -> anyhow::Result<()> {
     let out = workspace_root()?.join("target/bench-smoke");
-    let binary = PathBuf::from(env!("CARGO_BIN_EXE_endpoints-guard"));
+    let binary = endpoints_guard();
     let defaults = GuardDefaults::of_binary(&binary).await?;
     let mut opts = BenchOptions::new(BenchSize::named("S")?, binary, out.clone());
     opts.churn = Duration::from_secs(10);

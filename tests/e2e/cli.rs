@@ -5,13 +5,12 @@
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::common::endpoints_guard;
 use eg_harness::process::free_port;
 use eg_harness::{ControlPlane, ControlPlaneOptions};
 
-const BIN: &str = env!("CARGO_BIN_EXE_endpoints-guard");
-
 fn run(args: &[&str]) -> Output {
-    Command::new(BIN)
+    Command::new(endpoints_guard())
         .args(args)
         .env_remove("KUBECONFIG")
         .env("EG_METRICS_ADDR", "127.0.0.1:0")
@@ -62,6 +61,8 @@ fn missing_kubeconfig_is_one_clear_line() {
 /// here the kubeconfig does not even exist.
 #[test]
 fn bad_leader_election_flags_fail_before_any_connection() {
+    // Built (if it must be) before the clock starts.
+    endpoints_guard();
     let started = Instant::now();
     let out = run(&[
         "--kubeconfig",
@@ -107,6 +108,7 @@ fn unreachable_api_server_gives_up_after_the_startup_timeout() {
         ),
     )
     .expect("write");
+    endpoints_guard();
     let start = Instant::now();
     let out = run(&[
         "--kubeconfig",
@@ -157,7 +159,7 @@ async fn forbidden_then_graceful_shutdown() -> anyhow::Result<()> {
         "{line}"
     );
 
-    let mut child = Command::new(BIN)
+    let mut child = Command::new(endpoints_guard())
         .args([
             "--kubeconfig",
             cp.kubeconfig_path().to_str().unwrap_or_default(),

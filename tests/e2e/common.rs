@@ -178,3 +178,12 @@ where
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// The endpoints-guard binary, brought up to date for this test run
+/// ([`eg_harness::binaries::endpoints_guard`]).
+pub fn endpoints_guard() -> std::path::PathBuf {
+    match eg_harness::binaries::endpoints_guard() {
+        Ok(path) => path,
+        Err(err) => panic!("{err:#}"),
+    }
+}

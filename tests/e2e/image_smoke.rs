@@ -267,7 +267,7 @@ fn say(line: String) {
 /// Deployment, Service and PodDisruptionBudget are left out: Docker runs the
 /// pod here). Returns `Kind/name` of each.
 async fn apply_chart_rbac(client: &Client) -> Result<Vec<String>> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/endpoints-guard.yaml");
+    let path = eg_harness::binaries::workspace_root()?.join("deploy/endpoints-guard.yaml");
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let mut applied = Vec::new();

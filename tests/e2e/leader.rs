@@ -6,11 +6,10 @@
 //! Only the leader resyncs and runs the ghost scan; a replica that takes
 //! over resyncs at once.
 
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::common::{self, eventually, metric_value};
+use crate::common::{self, endpoints_guard, eventually, metric_value};
 use anyhow::{Context, Result, bail};
 use eg_harness::loopback;
 use eg_harness::process::{Process, free_ports};
@@ -46,12 +45,7 @@ impl Instance {
         ];
         args.extend(lease.iter().map(|s| s.to_string()));
         let log = cp.log_dir().join(format!("endpoints-guard-{name}.log"));
-        let process = Process::spawn(
-            name,
-            Path::new(env!("CARGO_BIN_EXE_endpoints-guard")),
-            &args,
-            &log,
-        )?;
+        let process = Process::spawn(name, &endpoints_guard(), &args, &log)?;
         Ok(Self {
             name,
             process,

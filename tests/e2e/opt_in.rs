@@ -33,7 +33,7 @@ use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 
-use crate::common::{Guard, eventually};
+use crate::common::{Guard, endpoints_guard, eventually};
 
 const NS: &str = "shop";
 const NODE: &str = "node-a";
@@ -41,7 +41,6 @@ const OURS: &str = "endpoints-guard";
 const UPSTREAM: &str = "endpointslice-controller.k8s.io";
 /// The field manager Argo CD's server-side apply uses.
 const GITOPS: &str = "argocd-controller";
-const BIN: &str = env!("CARGO_BIN_EXE_endpoints-guard");
 /// From a pod's change to its slice, on a control plane with nobody else to wait for.
 const GRACE: Duration = Duration::from_secs(3);
 /// How long kube-controller-manager gets to publish again.
@@ -172,7 +171,7 @@ async fn merge_patch(client: &Client, name: &str, patch: Value) -> Result<()> {
 /// The binary's subcommand `args`, with the control plane's kubeconfig:
 /// its exit status and standard output.
 fn subcommand(cp: &ControlPlane, args: &[&str]) -> Result<(bool, String)> {
-    let out = Command::new(BIN)
+    let out = Command::new(endpoints_guard())
         .arg("--kubeconfig")
         .arg(cp.kubeconfig_path())
         .args(args)

@@ -19,7 +19,6 @@
 //! assertion.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,7 +37,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use serde_json::json;
 
-use crate::common::eventually;
+use crate::common::{endpoints_guard, eventually};
 
 const NS: &str = "shop";
 const SYSTEM_NS: &str = "endpoints-guard";
@@ -216,7 +215,7 @@ async fn start_guard(cp: &ControlPlane) -> Result<Process> {
     .collect();
     Process::spawn(
         "endpoints-guard",
-        Path::new(env!("CARGO_BIN_EXE_endpoints-guard")),
+        &endpoints_guard(),
         &args,
         &cp.log_dir().join("endpoints-guard-pressure.log"),
     )

@@ -16,7 +16,6 @@
 //! and (d) every query of the Grafana dashboard parses and returns data.
 
 use std::collections::BTreeSet;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::common;
@@ -36,7 +35,6 @@ use kube::Api;
 use kube::api::PostParams;
 use serde_json::json;
 
-const ENDPOINTS_GUARD: &str = env!("CARGO_BIN_EXE_endpoints-guard");
 /// Where the workload lives (the scrapes' namespace label is the chart's).
 const NS: &str = "observed";
 const ALERT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -224,7 +222,7 @@ async fn fires_the_charts_alerts() -> Result<()> {
         "--resync-interval=5s".to_string(),
     ];
     let log = cp.log_dir().join("endpoints-guard.log");
-    let mut guard = Process::spawn("endpoints-guard", Path::new(ENDPOINTS_GUARD), &args, &log)?;
+    let mut guard = Process::spawn("endpoints-guard", &common::endpoints_guard(), &args, &log)?;
     common::eventually(
         Duration::from_secs(60),
         "endpoints-guard /readyz",

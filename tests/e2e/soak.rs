@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::common::endpoints_guard;
 use anyhow::{Context as _, Result};
 use eg_harness::binaries::workspace_root;
 use eg_harness::{ControlPlane, ControlPlaneOptions};
@@ -155,7 +156,7 @@ async fn run() -> Result<Report> {
         setup.elapsed().as_secs_f64()
     );
 
-    let binary = std::path::PathBuf::from(env!("CARGO_BIN_EXE_endpoints-guard"));
+    let binary = endpoints_guard();
     let resync = format!("{}s", RESYNC.as_secs());
     let mut guard = GuardProcess::start(
         &binary,

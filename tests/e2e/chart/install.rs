@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 
 use super::*;
+use crate::common::endpoints_guard;
 
 /// Admission plugins on top of kube-apiserver's defaults, as hardened and
 /// OpenShift-like clusters run them (docs/rbac.md). PodSecurity, Priority,
@@ -39,7 +40,7 @@ fn deployment_pod(deployment: &Deployment, name: &str, node: &str) -> Result<Pod
 /// Runs `endpoints-guard --kubeconfig <kubeconfig> <args>` to its end: whether
 /// it succeeded, and its stderr.
 async fn run_verify(kubeconfig: &Path, args: &[String]) -> Result<(bool, String)> {
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_endpoints-guard"))
+    let out = tokio::process::Command::new(endpoints_guard())
         .arg("--kubeconfig")
         .arg(kubeconfig)
         .args(args)
@@ -284,12 +285,7 @@ async fn helm_install_then_run_with_the_charts_service_account() -> Result<()> {
     .iter()
     .map(|s| s.to_string())
     .collect();
-    let mut guard = Process::spawn(
-        "endpoints-guard",
-        Path::new(env!("CARGO_BIN_EXE_endpoints-guard")),
-        &args,
-        &log,
-    )?;
+    let mut guard = Process::spawn("endpoints-guard", &endpoints_guard(), &args, &log)?;
 
     let endpoints: Api<Endpoints> = Api::namespaced(client.clone(), "demo");
     until_published(
@@ -438,7 +434,7 @@ async fn helm_install_then_run_with_the_charts_service_account() -> Result<()> {
     );
     let mut opt_in_guard = Process::spawn(
         "endpoints-guard",
-        Path::new(env!("CARGO_BIN_EXE_endpoints-guard")),
+        &endpoints_guard(),
         &args
             .iter()
             .cloned()

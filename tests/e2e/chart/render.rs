@@ -8,8 +8,12 @@ use serde_yaml::Value;
 
 use super::{CHART, NAMESPACE, RELEASE};
 
+/// The workspace root, where the chart and the scripts are.
 pub fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    match eg_harness::binaries::workspace_root() {
+        Ok(root) => root,
+        Err(err) => panic!("{err:#}"),
+    }
 }
 
 pub fn helm() -> PathBuf {

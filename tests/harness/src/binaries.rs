@@ -10,6 +10,7 @@
 //! `tests/controlplane/build.sh` (`make controlplane`) fills.
 
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use anyhow::{Context, Result, bail};
 
@@ -99,6 +100,85 @@ pub fn watch_chaos() -> Result<PathBuf> {
             "{} is missing: build it with `cargo build -p watch-chaos` (make test does), or name it with {WATCH_CHAOS_ENV}",
             path.display()
         );
+    }
+    Ok(path)
+}
+
+/// The endpoints-guard binary the end-to-end tests run:
+/// `target/<profile>/endpoints-guard` beside the running test. The tests are a
+/// package of their own (`tests/e2e`), so cargo does not build the binary for
+/// them: the first call in a test process runs `cargo build -p endpoints-guard
+/// --bin endpoints-guard` in the test's profile, so the tests never run a
+/// binary older than the sources (a no-op when it is up to date).
+pub fn endpoints_guard() -> Result<PathBuf> {
+    static BUILT: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
+    BUILT
+        .get_or_init(|| build_endpoints_guard().map_err(|err| format!("{err:#}")))
+        .clone()
+        .map_err(anyhow::Error::msg)
+}
+
+fn build_endpoints_guard() -> Result<PathBuf> {
+    let exe = std::env::current_exe().context("finding the running test")?;
+    // target/<profile>/deps/<test>-<hash>
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .context("the running test has no target/<profile> folder above it")?;
+    let profile = profile_dir
+        .file_name()
+        .and_then(|name| name.to_str())
+        .context("the running test's profile folder has no name")?;
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut build = std::process::Command::new(&cargo);
+    // What cargo sets for the running test's package: some build scripts
+    // (ring's) ask to run again when it changes, so the build would redo them
+    // each time, and the next `cargo test` after it.
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        let per_package = [
+            "CARGO_MANIFEST_",
+            "CARGO_PKG_",
+            "CARGO_BIN_",
+            "CARGO_CRATE_",
+        ]
+        .iter()
+        .any(|prefix| name.starts_with(prefix))
+            || ["CARGO_PRIMARY_PACKAGE", "CARGO_TARGET_TMPDIR", "OUT_DIR"].contains(&name.as_ref());
+        if per_package {
+            build.env_remove(name.as_ref());
+        }
+    }
+    build.current_dir(workspace_root()?).args([
+        "build",
+        "-p",
+        "endpoints-guard",
+        "--bin",
+        "endpoints-guard",
+    ]);
+    match profile {
+        "debug" => {}
+        "release" => {
+            build.arg("--release");
+        }
+        other => {
+            build.args(["--profile", other]);
+        }
+    }
+    let status = build.status().with_context(|| {
+        format!(
+            "running {} to build endpoints-guard",
+            cargo.to_string_lossy()
+        )
+    })?;
+    if !status.success() {
+        bail!(
+            "`cargo build -p endpoints-guard --bin endpoints-guard` ({profile}) failed: {status}"
+        );
+    }
+    let path = profile_dir.join("endpoints-guard");
+    if !path.is_file() {
+        bail!("{} is missing after the build", path.display());
     }
     Ok(path)
 }
