@@ -67,12 +67,14 @@ clippy: toolchain
 unit-test: toolchain
 	$(CARGO) test --workspace --lib --bins
 
-# The end-to-end tests run the watch-chaos binary of crates/watch-chaos. The
-# hardened-watcher crate's own tests find a real API server through
-# HARDENED_WATCHER_TEST_KUBECONFIG (they skip without it): eg-with-controlplane
-# starts one and sets it.
+# The end-to-end tests run the watch-chaos binary of crates/watch-chaos and the
+# controller binary, both built first (the suite would build the controller
+# itself, inside its first test). The hardened-watcher crate's own tests find a
+# real API server through HARDENED_WATCHER_TEST_KUBECONFIG (they skip without
+# it): eg-with-controlplane starts one and sets it.
 e2e-test: controlplane haproxy
 	$(CARGO) build -p watch-chaos --bins
+	$(CARGO) build -p endpoints-guard --bin endpoints-guard
 	$(CARGO) test --workspace --tests -- --test-threads=$(TEST_THREADS)
 	$(CARGO) run -p eg-harness --bin eg-with-controlplane -- $(CARGO) test -p hardened-watcher
 

@@ -54,7 +54,8 @@ pub mod prevention {
     ];
 }
 
-/// `resource`: the watched (and resynced) resources.
+/// `resource`: the watched (and resynced) resources, in the order of
+/// `reconcile::kinds::for_each_kind` (a test there holds the two together).
 pub const RESOURCES: &[&str] = &["services", "pods", "endpoints", "endpointslices", "nodes"];
 /// `result` of a reconcile.
 pub const RESULTS: &[&str] = &["ok", "error"];

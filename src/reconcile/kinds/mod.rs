@@ -106,3 +106,25 @@ mod cached_tests;
 #[cfg(test)]
 #[path = "handlers_tests.rs"]
 mod handlers_tests;
+
+#[cfg(test)]
+mod tests {
+    use super::{Kind, KindVisitor, for_each_kind};
+
+    struct Names(Vec<&'static str>);
+
+    impl KindVisitor for Names {
+        fn visit<K: Kind>(&mut self) {
+            self.0.push(K::RESOURCE);
+        }
+    }
+
+    /// The metrics export every per-resource series at 0 from their own list
+    /// (the metrics layer sits below the kinds): it must name every kind.
+    #[test]
+    fn the_metrics_name_every_watched_kind() {
+        let mut names = Names(Vec::new());
+        for_each_kind(&mut names);
+        assert_eq!(names.0, crate::metrics::RESOURCES);
+    }
+}
