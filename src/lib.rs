@@ -3,13 +3,13 @@
 //! Layers, bottom first; a module uses only its own layer and those below
 //! (tests/e2e/layers.rs keeps it so):
 //!
-//! - [`settings`], [`error`], [`shutdown`], [`ratelimit`]: what every layer
+//! - [`settings`], [`error`], `shutdown`, `ratelimit`: what every layer
 //!   shares (which controllers run, in which mode; the error enum).
 //! - [`desired`]: pure computation of the Endpoints and EndpointSlices a
 //!   Service should have, and which Services are handled.
 //! - [`wire`]: slim decode targets for the hot watch paths; [`metrics`]: the
 //!   Prometheus registry.
-//! - [`leader`]: Lease election; [`server`]: `/metrics` and the probes, with
+//! - `leader`: Lease election; `server`: `/metrics` and the probes, with
 //!   the HTTPS metrics' certificate and authorizer.
 //! - [`reconcile`]: work queues, the reconcile of one Service (observe →
 //!   decide → desire → guard → apply), resync and the ghost scan. The
@@ -25,13 +25,13 @@ pub mod config;
 pub mod controller;
 pub mod desired;
 pub mod error;
-pub mod leader;
+pub(crate) mod leader;
 mod locks;
 pub mod metrics;
-pub mod ratelimit;
+pub(crate) mod ratelimit;
 pub mod reconcile;
-pub mod server;
+pub(crate) mod server;
 pub mod settings;
-pub mod shutdown;
+pub(crate) mod shutdown;
 pub mod startup;
 pub mod wire;

@@ -3,20 +3,20 @@
 //! apply), the deletion guard and the resync diff.
 
 mod apply;
-pub mod decide;
-pub mod events;
-pub mod ghost_scan;
-pub mod guard;
+pub(crate) mod decide;
+pub(crate) mod events;
+pub(crate) mod ghost_scan;
+pub(crate) mod guard;
 pub mod kinds;
 pub mod latency;
-pub mod opt_in;
-pub mod orphans;
+pub(crate) mod opt_in;
+pub(crate) mod orphans;
 pub mod publish;
-pub mod queue;
-pub mod resync;
+pub(crate) mod queue;
+pub(crate) mod resync;
 mod slice_sync;
 mod sync;
-pub mod trigger;
+pub(crate) mod trigger;
 
 #[cfg(test)]
 mod guard_tests;
@@ -188,7 +188,7 @@ pub struct Context {
     pub events: events::EventSink,
     pub stores: Stores,
     /// True while this instance may write: always without `--leader-elect`, else
-    /// while it holds the leader Lease (see [`crate::leader`]).
+    /// while it holds the leader Lease (see `crate::leader`).
     pub leader: tokio::sync::watch::Receiver<bool>,
     pub policy: Policy,
     /// The Endpoints controller's queue and trigger times.
