@@ -61,25 +61,33 @@ pub(crate) trait Publisher {
     /// (asked only for an opted-out Service with objects of ours).
     fn upstream_covers_ours(found: &Self::Found) -> Result<bool>;
 
-    /// Deletes what `managers` takes as ours, the Service's removal decided.
-    fn remove(
-        ctx: &Context,
-        key: &ObjectKey,
+    /// Removes or writes, as the decision says ([`Act`]).
+    fn apply(
+        job: &Job<'_>,
         found: Self::Found,
-        why: Removal,
-        managers: Managers,
-        timer: &WriteTimer,
+        act: Act<'_>,
     ) -> impl Future<Output = Result<()>> + Send;
+}
 
-    /// Guards and writes the content of a handled Service.
-    fn publish(
-        ctx: &Context,
-        key: &ObjectKey,
-        service: &CachedService,
-        found: Self::Found,
-        managed: Managed<'_>,
-        timer: &WriteTimer,
-    ) -> impl Future<Output = Result<()>> + Send;
+/// One reconcile: the Service key, what it works with, and the timer of its
+/// first write.
+#[derive(Clone, Copy)]
+pub(crate) struct Job<'a> {
+    pub ctx: &'a Context,
+    pub key: &'a ObjectKey,
+    pub timer: &'a WriteTimer,
+}
+
+/// What the decision leaves to the controller's own apply step.
+pub(crate) enum Act<'a> {
+    /// Delete what `managers` takes as ours: the Service's removal decided
+    /// (after a live read).
+    Remove { why: Removal, managers: Managers },
+    /// Guard and write the content of the handled Service.
+    Publish {
+        service: &'a CachedService,
+        managed: Managed<'a>,
+    },
 }
 
 /// Reconciles Service `key` for `controller`; `timer` times the first write
@@ -97,6 +105,7 @@ pub async fn reconcile(
 }
 
 async fn run<P: Publisher>(ctx: &Context, key: &ObjectKey, timer: &WriteTimer) -> Result<Action> {
+    let job = Job { ctx, key, timer };
     // The Service as a live read found it, once one was made.
     let mut live: Option<Option<Arc<CachedService>>> = None;
     loop {
@@ -130,11 +139,11 @@ async fn run<P: Publisher>(ctx: &Context, key: &ObjectKey, timer: &WriteTimer) -
             }
             Decision::Idle(_) | Decision::Frozen(_) => {}
             Decision::Remove { why, managers } => {
-                P::remove(ctx, key, found, why, managers, timer).await?;
+                P::apply(&job, found, Act::Remove { why, managers }).await?;
             }
             Decision::Reconcile(managed) => {
                 if let Some(service) = service.as_deref() {
-                    P::publish(ctx, key, service, found, managed, timer).await?;
+                    P::apply(&job, found, Act::Publish { service, managed }).await?;
                 }
             }
         }

@@ -24,7 +24,7 @@ use super::decide::{Existing, Removal, nodes_to_confirm};
 use super::guard;
 use super::kinds::{CachedService, CachedSlice, selected_pods, slice_pod_refs};
 use super::latency::WriteTimer;
-use super::publish::Publisher;
+use super::publish::{Act, Job, Publisher};
 use super::{Context, kinds};
 use crate::desired::PodInfo;
 use crate::desired::scope::{Managed, Managers};
@@ -65,31 +65,20 @@ impl Publisher for SlicesPublisher {
         upstream_covers_ours(found)
     }
 
-    async fn remove(
-        ctx: &Context,
-        key: &ObjectKey,
-        found: Self::Found,
-        why: Removal,
-        managers: Managers,
-        timer: &WriteTimer,
-    ) -> Result<()> {
-        let ours: Vec<_> = found.into_iter().filter(|s| s.is_ours(managers)).collect();
-        delete_all(ctx, key, &ours, why, timer).await
-    }
-
-    async fn publish(
-        ctx: &Context,
-        key: &ObjectKey,
-        service: &CachedService,
-        found: Self::Found,
-        managed: Managed<'_>,
-        timer: &WriteTimer,
-    ) -> Result<()> {
-        let ours: Vec<_> = found
-            .into_iter()
-            .filter(|s| s.is_ours(managed.managers))
-            .collect();
-        reconcile_content(ctx, key, service, &ours, managed, timer).await
+    async fn apply(job: &Job<'_>, found: Self::Found, act: Act<'_>) -> Result<()> {
+        let Job { ctx, key, timer } = *job;
+        let ours = |managers: Managers| -> Vec<_> {
+            found.into_iter().filter(|s| s.is_ours(managers)).collect()
+        };
+        match act {
+            Act::Remove { why, managers } => {
+                delete_all(ctx, key, &ours(managers), why, timer).await
+            }
+            Act::Publish { service, managed } => {
+                let ours = ours(managed.managers);
+                reconcile_content(ctx, key, service, &ours, managed, timer).await
+            }
+        }
     }
 }
 

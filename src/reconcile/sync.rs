@@ -15,9 +15,9 @@ use super::decide::{Existing, Removal};
 use super::guard;
 use super::kinds::{CachedEndpoints, CachedService, managed_by, pod_target_refs, selected_pods};
 use super::latency::WriteTimer;
-use super::publish::Publisher;
+use super::publish::{Act, Job, Publisher};
 use super::{Context, orphans};
-use crate::desired::scope::{Managed, Managers};
+use crate::desired::scope::Managed;
 use crate::desired::{self, EndpointsMarks, PodInfo};
 use crate::error::{Error, Result, api_code};
 use crate::settings::{Controller, Mode};
@@ -59,31 +59,17 @@ impl Publisher for EndpointsPublisher {
         Ok(false)
     }
 
-    async fn remove(
-        ctx: &Context,
-        key: &ObjectKey,
-        found: Self::Found,
-        why: Removal,
-        managers: Managers,
-        timer: &WriteTimer,
-    ) -> Result<()> {
-        match found {
-            Some(ep) if managers.endpoints(ep.managed_by()) => {
+    async fn apply(job: &Job<'_>, found: Self::Found, act: Act<'_>) -> Result<()> {
+        let Job { ctx, key, timer } = *job;
+        match (act, found) {
+            (Act::Remove { why, managers }, Some(ep)) if managers.endpoints(ep.managed_by()) => {
                 delete_endpoints(ctx, key, &ep, why, timer).await
             }
-            _ => Ok(()),
+            (Act::Remove { .. }, _) => Ok(()),
+            (Act::Publish { service, managed }, found) => {
+                reconcile_content(ctx, key, service, found, managed, timer).await
+            }
         }
-    }
-
-    async fn publish(
-        ctx: &Context,
-        key: &ObjectKey,
-        service: &CachedService,
-        found: Self::Found,
-        managed: Managed<'_>,
-        timer: &WriteTimer,
-    ) -> Result<()> {
-        reconcile_content(ctx, key, service, found, managed, timer).await
     }
 }
 
