@@ -190,7 +190,7 @@ pub struct Config {
     /// scan alone finds a ghost within about this long where the cap does
     /// not bind (up to 9,000 pods and Services at the defaults), else
     /// within objects / qps. 0: read as fast as --ghost-scan-qps allows. A
-    /// shorter period finds a ghost sooner for more reads (docs/bench.md).
+    /// shorter period finds a ghost sooner for more reads (docs/bench-runs.md).
     #[arg(long, env = "EG_GHOST_SCAN_PERIOD", default_value = "30m", value_parser = parse_duration)]
     pub ghost_scan_period: Duration,
 
@@ -209,9 +209,9 @@ pub struct Config {
     /// the main thread (a current-thread runtime): the work is waiting on the
     /// API server and reconciles of microseconds, and a second thread mostly
     /// adds wake-ups, which are most of the CPU of a read made at rest
-    /// (docs/bench.md). More threads let CPU-heavy phases (a cold list of
-    /// 100,000 pods) run beside the watches. The periodic resync's diff runs
-    /// on a thread of its own either way.
+    /// (docs/bench-runs.md, "One thread or two"). More threads let CPU-heavy
+    /// phases (a cold list of 100,000 pods) run beside the watches. The
+    /// periodic resync's diff runs on a thread of its own either way.
     #[arg(long, env = "EG_WORKER_THREADS", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub worker_threads: u16,
 

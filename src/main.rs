@@ -13,7 +13,7 @@ use tracing_subscriber::EnvFilter;
 // size M (perf: malloc_consolidate, _int_malloc, unlink_chunk, free), most of
 // it merging freed small blocks whenever a large buffer was asked for.
 // jemalloc keeps small sizes in their own slabs, for less CPU at the same
-// peak RSS (glibc, jemalloc and two mimalloc builds: docs/bench.md).
+// peak RSS (glibc, jemalloc and two mimalloc builds: docs/bench-runs.md).
 #[cfg(feature = "jemalloc")]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;

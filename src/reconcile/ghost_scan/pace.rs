@@ -10,7 +10,7 @@ pub(super) const MIN_QPS: f64 = 0.5;
 /// The reads due in this long are made together, as one round. A read made
 /// alone, after the process has gone idle, costs about twice the CPU of one
 /// made beside others (thread wake-ups, the connection's buffers gone cold:
-/// `eg-readcost`, docs/bench.md); a round delays a read by at most this.
+/// `eg-readcost`, docs/bench-runs.md); a round delays a read by at most this.
 pub(super) const ROUND: Duration = Duration::from_secs(5);
 
 /// The most reads of a round in flight at once (each holds a connection).

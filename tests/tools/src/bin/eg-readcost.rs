@@ -1,7 +1,7 @@
 //! `eg-readcost`: what the ghost scan's read (a metadata GET of one pod,
 //! served from etcd) costs the reading process in CPU, paced four ways, on a
 //! local control plane. The figures back the pacing of
-//! `src/reconcile/ghost_scan/` (docs/bench.md).
+//! `src/reconcile/ghost_scan/` (docs/bench-runs.md).
 //!
 //! ```text
 //! eg-readcost [--rate READS_PER_S] [--secs N] [--pods N] [--runtime multi|current]
