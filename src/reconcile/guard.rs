@@ -312,26 +312,5 @@ fn truncate_note(mut note: String) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn prevention_reasons_are_all_listed() {
-        let produced: HashSet<_> = DeletionSource::ALL
-            .iter()
-            .map(|s| prevention_reason(Some(*s)))
-            .chain([prevention_reason(None), STALE_OPT_OUT, STALE_TAKEOVER])
-            .collect();
-        let listed: HashSet<_> = crate::metrics::prevention::ALL.iter().copied().collect();
-        assert_eq!(produced, listed);
-        assert_eq!(listed.len(), crate::metrics::prevention::ALL.len());
-    }
-
-    #[test]
-    fn notes_fit_the_api_limit_on_a_char_boundary() {
-        assert_eq!(truncate_note("short".into()), "short");
-        let cut = truncate_note("é".repeat(800));
-        assert!(cut.len() <= MAX_NOTE_BYTES);
-        assert!(cut.ends_with("..."));
-    }
-}
+#[path = "guard_tests.rs"]
+mod tests;

@@ -3,7 +3,7 @@
 //! that deletes and confirms nothing; an object found is restored and the
 //! prevention counted.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,13 +11,16 @@ use hardened_watcher::testing::Reply;
 use hardened_watcher::{ObjectKey, WatchEventKind};
 use serde_json::json;
 
-use super::decide::Read;
-use super::guard::{hold_unconfirmed_pod_deletions, read_service};
-use super::kinds::CachedService;
-use super::kinds::pod_target_refs;
-use super::testkit::{endpoints, event_posted, pod, scripted, service};
+use super::{
+    DeletionSource, MAX_NOTE_BYTES, STALE_OPT_OUT, STALE_TAKEOVER, hold_unconfirmed_pod_deletions,
+    prevention_reason, read_service, truncate_note,
+};
 use crate::desired::PodInfo;
 use crate::reconcile::Context;
+use crate::reconcile::decide::Read;
+use crate::reconcile::kinds::CachedService;
+use crate::reconcile::kinds::pod_target_refs;
+use crate::reconcile::testkit::{endpoints, event_posted, pod, scripted, service};
 use crate::settings::Controller;
 
 const NS: &str = "ns";
@@ -215,4 +218,24 @@ async fn a_pod_read_that_fails_keeps_its_tombstone() {
         });
         assert_eq!(tomb.as_deref(), Some("a-1-uid"), "{case}");
     }
+}
+
+#[test]
+fn prevention_reasons_are_all_listed() {
+    let produced: HashSet<_> = DeletionSource::ALL
+        .iter()
+        .map(|s| prevention_reason(Some(*s)))
+        .chain([prevention_reason(None), STALE_OPT_OUT, STALE_TAKEOVER])
+        .collect();
+    let listed: HashSet<_> = crate::metrics::prevention::ALL.iter().copied().collect();
+    assert_eq!(produced, listed);
+    assert_eq!(listed.len(), crate::metrics::prevention::ALL.len());
+}
+
+#[test]
+fn notes_fit_the_api_limit_on_a_char_boundary() {
+    assert_eq!(truncate_note("short".into()), "short");
+    let cut = truncate_note("é".repeat(800));
+    assert!(cut.len() <= MAX_NOTE_BYTES);
+    assert!(cut.ends_with("..."));
 }

@@ -18,10 +18,6 @@ mod slice_sync;
 mod sync;
 pub(crate) mod trigger;
 
-#[cfg(test)]
-mod guard_tests;
-#[cfg(test)]
-mod sync_tests;
 #[cfg(any(test, feature = "profiling"))]
 pub mod testkit;
 

@@ -323,3 +323,7 @@ async fn delete_endpoints(
         Err(err) => Err(Error::kube("deleting endpoints", key.to_string(), err)),
     }
 }
+
+#[cfg(test)]
+#[path = "sync_tests.rs"]
+mod tests;

@@ -2,17 +2,17 @@
 //! and writes, in order, for a gone Service, a 404 that is not a NotFound, a
 //! conflict, a terminating namespace, a refused write and a timeout.
 
-use super::kinds::CachedService;
+use crate::reconcile::kinds::CachedService;
 use std::time::Duration;
 
 use hardened_watcher::testing::{Reply, ScriptedApi};
 use hardened_watcher::{ObjectKey, WatchEventKind};
 use serde_json::json;
 
-use super::kinds::CachedEndpoints;
-use super::publish::reconcile;
-use super::testkit::{endpoints, event_posted, pod, scripted, service, untimed};
 use crate::reconcile::Context;
+use crate::reconcile::kinds::CachedEndpoints;
+use crate::reconcile::publish::reconcile;
+use crate::reconcile::testkit::{endpoints, event_posted, pod, scripted, service, untimed};
 use crate::settings::Controller;
 
 const NS: &str = "ns";

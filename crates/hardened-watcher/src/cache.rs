@@ -426,3 +426,7 @@ impl<T: Cached> Cache<T> {
         self.opaque_fallbacks
     }
 }
+
+#[cfg(test)]
+#[path = "cache_tests.rs"]
+mod tests;

@@ -342,3 +342,7 @@ fn applied<T>(outcome: Outcome<T>) -> Option<Change<T>> {
         Outcome::Stale(_) | Outcome::Unchanged => None,
     }
 }
+
+#[cfg(test)]
+#[path = "cache_list_tests.rs"]
+mod tests;

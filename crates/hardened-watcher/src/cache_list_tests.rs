@@ -4,13 +4,13 @@
 
 use std::collections::HashMap;
 
-use super::cache::{
+use crate::cache::{
     Cache, Change, Confirmation, DriftKind, Outcome, StaleReason, WatchEventKind::*,
 };
-use super::list::ListMode;
-use super::object::LiveRead;
-use super::object::{DisputeKind, Resolution};
-use super::testkit::{Obj, apply_list, cache_with, items, key, list_in, obj, rv_of};
+use crate::list::ListMode;
+use crate::object::LiveRead;
+use crate::object::{DisputeKind, Resolution};
+use crate::testkit::{Obj, apply_list, cache_with, items, key, list_in, obj, rv_of};
 
 /// A plain etcd restore: the store's revision is back at the backup's.
 #[test]

@@ -1,9 +1,9 @@
 //! Cache guard tests: RV and UID rules, tombstones, list diffs, live-read
 //! repairs, store rewinds, disputes, drift and aging.
 
-use super::cache::{Change, Confirmation, DeletionSource, Outcome, StaleReason, WatchEventKind::*};
-use super::list::{ListDiffBuilder, ListMode};
-use super::testkit::{
+use crate::cache::{Change, Confirmation, DeletionSource, Outcome, StaleReason, WatchEventKind::*};
+use crate::list::{ListDiffBuilder, ListMode};
+use crate::testkit::{
     Obj, apply_list, apply_list_with_unknown, cache_with, items, key, obj, rv_of,
 };
 

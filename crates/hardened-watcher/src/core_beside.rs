@@ -291,3 +291,7 @@ impl<T: Cached> WatchCore<T> {
         self.relist(RestartReason::Resync)
     }
 }
+
+#[cfg(test)]
+#[path = "core_beside_tests.rs"]
+mod tests;

@@ -1,20 +1,20 @@
 //! A resync listing beside the open watch (`core_beside.rs`), driven
-//! through the [`WatchCore`](super::core::WatchCore) as the driver drives
+//! through the [`WatchCore`](crate::core::WatchCore) as the driver drives
 //! it: the watch's events and the list's answers interleaved.
 
 use std::time::Duration;
 
-use super::cache::{Change, WatchEventKind::*};
-use super::core::Step;
-use super::core_beside::BesideStep;
-use super::machine::Action;
-use super::store::{Request, ResyncReport};
-use super::testkit::{Harness, api_error, key, obj, page, throttled_error};
+use crate::cache::{Change, WatchEventKind::*};
+use crate::core::Step;
+use crate::core_beside::BesideStep;
+use crate::machine::Action;
+use crate::store::{Request, ResyncReport};
+use crate::testkit::{Harness, api_error, key, obj, page, throttled_error};
 
 /// A synced harness whose watch is open, asked for a resync: the watch
 /// goes on and the resync's probe is the next request beside it.
 fn resync_beside(
-    items: Vec<super::testkit::Obj>,
+    items: Vec<crate::testkit::Obj>,
     list_rv: &str,
 ) -> (Harness, tokio::sync::oneshot::Receiver<ResyncReport>) {
     let mut h = Harness::synced_with(items, list_rv);
@@ -246,7 +246,7 @@ fn a_disputed_item_ends_the_watch_for_its_live_read() {
     );
     h.core.on_watch_closed();
     h.expect_read("a");
-    h.read(super::object::LiveRead::Found(obj("a", "ua", "250")));
+    h.read(crate::object::LiveRead::Found(obj("a", "ua", "250")));
     assert!(answer.try_recv().is_ok());
     assert_eq!(
         h.step(),

@@ -791,3 +791,7 @@ fn ends_like_eof(err: &std::io::Error) -> bool {
     }
     false
 }
+
+#[cfg(test)]
+#[path = "driver_tests.rs"]
+mod tests;

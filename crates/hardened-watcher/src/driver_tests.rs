@@ -12,13 +12,13 @@ use kube::Api;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-use super::count::CountCheck;
-use super::driver::Watcher;
-use super::object::{Change, Identity, ObjectKey};
-use super::observer::CountingObserver;
-use super::selectors::Selectors;
-use super::store::Store;
-use super::testing::{Reply, ScriptedApi, event as ev};
+use crate::count::CountCheck;
+use crate::driver::Watcher;
+use crate::object::{Change, Identity, ObjectKey};
+use crate::observer::CountingObserver;
+use crate::selectors::Selectors;
+use crate::store::Store;
+use crate::testing::{Reply, ScriptedApi, event as ev};
 
 type Svc = Identity;
 
@@ -47,7 +47,7 @@ struct Running {
     observer: Arc<CountingObserver>,
     peer: ScriptedApi,
     stop: watch::Sender<bool>,
-    task: tokio::task::JoinHandle<Result<(), super::error::WatchError>>,
+    task: tokio::task::JoinHandle<Result<(), crate::error::WatchError>>,
 }
 
 impl Running {
@@ -342,7 +342,7 @@ fn _run_future_is_send(
 /// once two watches in a row went silent with no bookmark ever seen.
 #[test]
 fn a_watch_is_dead_after_150_s_of_silence_unless_the_server_sends_no_bookmarks() {
-    use super::driver::Bookmarks;
+    use crate::driver::Bookmarks;
     let mut bookmarks = Bookmarks::default();
     assert_eq!(bookmarks.idle_limit(290), Duration::from_secs(150));
     assert_eq!(bookmarks.idle_limit(60), Duration::from_secs(90));

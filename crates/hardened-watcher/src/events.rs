@@ -262,3 +262,7 @@ fn translate<K: Clone>(change: Change<Whole<K>>) -> Pending<K> {
         Change::DeletionCandidate(last) => Pending::Confirm(last),
     }
 }
+
+#[cfg(test)]
+#[path = "events_tests.rs"]
+mod tests;

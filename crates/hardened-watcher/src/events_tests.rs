@@ -10,9 +10,9 @@ use kube::Api;
 use kube::runtime::watcher::Event;
 use serde_json::{Value, json};
 
-use super::driver::Watcher;
-use super::object::{Cached, ObjectKey};
-use super::testing::{Reply, ScriptedApi, event};
+use crate::driver::Watcher;
+use crate::object::{Cached, ObjectKey};
+use crate::testing::{Reply, ScriptedApi, event};
 
 fn svc(name: &str, rv: &str) -> Value {
     json!({"metadata": {"name": name, "namespace": "ns", "uid": format!("u-{name}"), "resourceVersion": rv}})

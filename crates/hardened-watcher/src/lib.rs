@@ -47,18 +47,6 @@ pub use selectors::Selectors;
 pub use store::{ResyncReport, Store, StoreHandle, share_rewinds};
 
 #[cfg(test)]
-mod cache_list_tests;
-#[cfg(test)]
-mod cache_tests;
-#[cfg(test)]
-mod core_beside_tests;
-#[cfg(test)]
-mod driver_tests;
-#[cfg(test)]
-mod events_tests;
-#[cfg(test)]
-mod machine_tests;
-#[cfg(test)]
 mod scenarios_tests;
 #[cfg(test)]
 mod testkit;

@@ -519,3 +519,7 @@ fn action_for(phase: &Phase, limit: u32) -> Action {
         Phase::BackingOff { delay, .. } => Action::Backoff(*delay),
     }
 }
+
+#[cfg(test)]
+#[path = "machine_tests.rs"]
+mod tests;

@@ -3,9 +3,9 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::error::ApiErrorKind;
-use super::machine::{Action, Machine, PageOutcome, Phase, RestartReason};
-use super::testkit::{TestBackoff, machine};
+use crate::error::ApiErrorKind;
+use crate::machine::{Action, Machine, PageOutcome, Phase, RestartReason};
+use crate::testkit::{TestBackoff, machine};
 
 fn watching(m: &mut Machine, list_rv: &str) {
     assert_eq!(

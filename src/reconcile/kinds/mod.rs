@@ -100,11 +100,9 @@ where
 }
 
 #[cfg(test)]
-#[path = "cached_tests.rs"]
 mod cached_tests;
 
 #[cfg(test)]
-#[path = "handlers_tests.rs"]
 mod handlers_tests;
 
 #[cfg(test)]
