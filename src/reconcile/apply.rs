@@ -43,7 +43,7 @@ impl std::fmt::Display for Verb {
 }
 
 /// Whether the writes a reconcile planned (`planned`: how many of each
-/// verb) may go out. In audit mode they are counted as divergences and
+/// verb, in [`Verb::ALL`]'s order) may go out. In audit mode they are counted as divergences and
 /// logged instead; a replica that no longer leads writes nothing.
 pub(super) fn may_write(
     ctx: &Context,
