@@ -43,22 +43,23 @@ impl std::fmt::Display for Verb {
 }
 
 /// Whether the writes a reconcile planned (`planned`: how many of each
-/// verb, in [`Verb::ALL`]'s order) may go out. In audit mode they are counted as divergences and
-/// logged instead; a replica that no longer leads writes nothing.
+/// verb, in [`Verb::ALL`]'s order) may go out. In audit mode they are counted
+/// as divergences and logged instead; a replica that no longer leads writes
+/// nothing.
 pub(super) fn may_write(
     ctx: &Context,
     controller: Controller,
     key: &ObjectKey,
-    planned: [(Verb, usize); 3],
+    planned: [usize; 3],
 ) -> bool {
     if ctx.policy.mode == Mode::Audit {
-        for (verb, count) in planned {
+        for (verb, count) in Verb::ALL.into_iter().zip(planned) {
             ctx.metrics
                 .audit_divergences
                 .with_label_values(&[controller.metric_label(), verb.as_str()])
                 .inc_by(count as u64);
         }
-        let [(_, creates), (_, updates), (_, deletes)] = planned;
+        let [creates, updates, deletes] = planned;
         info!(
             %key,
             creates,
@@ -77,8 +78,8 @@ pub(super) fn may_write(
 }
 
 /// `planned` for one write of `verb`.
-pub(super) fn one(verb: Verb) -> [(Verb, usize); 3] {
-    Verb::ALL.map(|v| (v, usize::from(v == verb)))
+pub(super) fn one(verb: Verb) -> [usize; 3] {
+    Verb::ALL.map(|v| usize::from(v == verb))
 }
 
 /// Pods (name, uid) that the `current` targetRefs name and the `written`

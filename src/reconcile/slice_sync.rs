@@ -57,12 +57,34 @@ impl Publisher for SlicesPublisher {
         }
     }
 
+    /// The targetRefs of the ready endpoints of upstream's slices.
     fn upstream_ready(found: &Self::Found) -> Result<Vec<ObjectReference>> {
-        upstream_ready_refs(found)
+        let mut refs = Vec::new();
+        for slice in found.iter().filter(|s| !s.is_ours(Managers::OWN)) {
+            let slice = slice.decode()?;
+            refs.extend(
+                slice
+                    .endpoints
+                    .into_iter()
+                    .flatten()
+                    .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) != Some(false))
+                    .filter_map(|e| e.target_ref)
+                    .filter(|r| r.kind.as_deref() == Some("Pod")),
+            );
+        }
+        Ok(refs)
     }
 
+    /// Whether upstream's slices publish every ready address ours do: then
+    /// an opted-out Service loses nothing when ours go.
     fn upstream_covers_ours(found: &Self::Found) -> Result<bool> {
-        upstream_covers_ours(found)
+        let (own, upstream): (Vec<_>, Vec<_>) =
+            found.iter().partition(|s| s.is_ours(Managers::OWN));
+        let decode = |of: Vec<&Arc<CachedSlice>>| -> Result<Vec<EndpointSlice>> {
+            of.into_iter().map(|s| s.decode()).collect()
+        };
+        let (own, upstream) = (decode(own)?, decode(upstream)?);
+        Ok(slices::ready_addresses(&own).is_subset(&slices::ready_addresses(&upstream)))
     }
 
     async fn apply(job: &Job<'_>, found: Self::Found, act: Act<'_>) -> Result<()> {
@@ -80,35 +102,6 @@ impl Publisher for SlicesPublisher {
             }
         }
     }
-}
-
-/// The targetRefs of the ready endpoints of upstream's slices among `found`.
-fn upstream_ready_refs(found: &[Arc<CachedSlice>]) -> Result<Vec<ObjectReference>> {
-    let mut refs = Vec::new();
-    for slice in found.iter().filter(|s| !s.is_ours(Managers::OWN)) {
-        let slice = slice.decode()?;
-        refs.extend(
-            slice
-                .endpoints
-                .into_iter()
-                .flatten()
-                .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) != Some(false))
-                .filter_map(|e| e.target_ref)
-                .filter(|r| r.kind.as_deref() == Some("Pod")),
-        );
-    }
-    Ok(refs)
-}
-
-/// Whether upstream's slices among `slices` publish every ready address ours
-/// do: then an opted-out Service loses nothing when ours go.
-fn upstream_covers_ours(found: &[Arc<CachedSlice>]) -> Result<bool> {
-    let (own, upstream): (Vec<_>, Vec<_>) = found.iter().partition(|s| s.is_ours(Managers::OWN));
-    let decode = |of: Vec<&Arc<CachedSlice>>| -> Result<Vec<EndpointSlice>> {
-        of.into_iter().map(|s| s.decode()).collect()
-    };
-    let (own, upstream) = (decode(own)?, decode(upstream)?);
-    Ok(slices::ready_addresses(&own).is_subset(&slices::ready_addresses(&upstream)))
 }
 
 /// The slices of a handled Service (`existing`: those whose managed-by the
@@ -239,16 +232,8 @@ fn compare_as(ctx: &Context, current: &[EndpointSlice]) -> &'static str {
 
 /// Counts the plan's writes in audit mode; `true` when they may go ahead.
 fn may_write(ctx: &Context, key: &ObjectKey, plan: &SlicePlan) -> bool {
-    apply::may_write(
-        ctx,
-        CONTROLLER,
-        key,
-        [
-            (Verb::Create, plan.creates.len()),
-            (Verb::Update, plan.updates.len()),
-            (Verb::Delete, plan.deletes.len()),
-        ],
-    )
+    let planned = [plan.creates.len(), plan.updates.len(), plan.deletes.len()];
+    apply::may_write(ctx, CONTROLLER, key, planned)
 }
 
 /// Creates first, then updates, then deletes, as upstream orders them: the

@@ -88,13 +88,7 @@ pub fn watch_chaos() -> Result<PathBuf> {
     if let Some(path) = std::env::var_os(WATCH_CHAOS_ENV).filter(|p| !p.is_empty()) {
         return Ok(PathBuf::from(path));
     }
-    let exe = std::env::current_exe().context("finding the running test")?;
-    // target/<profile>/deps/<test>-<hash>
-    let profile = exe
-        .parent()
-        .and_then(Path::parent)
-        .context("the running test has no target/<profile> folder above it")?;
-    let path = profile.join("watch-chaos");
+    let path = profile_dir()?.join("watch-chaos");
     if !path.is_file() {
         bail!(
             "{} is missing: build it with `cargo build -p watch-chaos` (make test does), or name it with {WATCH_CHAOS_ENV}",
@@ -118,13 +112,18 @@ pub fn endpoints_guard() -> Result<PathBuf> {
         .map_err(anyhow::Error::msg)
 }
 
-fn build_endpoints_guard() -> Result<PathBuf> {
+/// `target/<profile>/`, where cargo put the running test
+/// (`target/<profile>/deps/<test>-<hash>`) and the binaries of its build.
+fn profile_dir() -> Result<PathBuf> {
     let exe = std::env::current_exe().context("finding the running test")?;
-    // target/<profile>/deps/<test>-<hash>
-    let profile_dir = exe
-        .parent()
+    exe.parent()
         .and_then(Path::parent)
-        .context("the running test has no target/<profile> folder above it")?;
+        .map(Path::to_path_buf)
+        .context("the running test has no target/<profile> folder above it")
+}
+
+fn build_endpoints_guard() -> Result<PathBuf> {
+    let profile_dir = profile_dir()?;
     let profile = profile_dir
         .file_name()
         .and_then(|name| name.to_str())
