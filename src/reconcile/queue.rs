@@ -11,6 +11,13 @@
 //! Each key also carries when the earliest watch event it has not yet served
 //! arrived, so the worker can measure how long that event waited inside the
 //! process before its write went out (`event_to_write_seconds`).
+//!
+//! Keys wait in one of two lanes. A key a watch event queued goes ahead of
+//! one only a resync, a sweep or a timer queued: a resync queues every
+//! Service, and a pod that flips just then must not wait behind a thousand
+//! reconciles that find nothing to do. A background key that an event
+//! touches moves to the event lane. The background lane still gets one key
+//! in every [`BACKGROUND_SHARE`], so steady events cannot starve it.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
@@ -26,10 +33,40 @@ const BASE_DELAY: Duration = Duration::from_millis(5);
 const MAX_DELAY: Duration = Duration::from_secs(1000);
 /// Upstream drops a key after 15 retries; the next event or resync brings it back.
 pub const MAX_RETRIES: u32 = 15;
+/// While both lanes hold keys, one taken in this many comes from the
+/// background lane.
+pub const BACKGROUND_SHARE: u32 = 16;
+
+/// Which lane a queued key waits in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lane {
+    /// A watch event queued it.
+    Event,
+    /// Only a resync, a sweep or a timer did.
+    Background,
+}
+
+impl Lane {
+    fn of(received: Option<Instant>) -> Self {
+        if received.is_some() {
+            Lane::Event
+        } else {
+            Lane::Background
+        }
+    }
+}
 
 struct State<K> {
-    queue: VecDeque<K>,
-    dirty: HashSet<K>,
+    /// Keys queued by an event, in order. An entry is stale (and skipped)
+    /// when its key is no longer dirty in this lane, or is being processed.
+    events: VecDeque<K>,
+    background: VecDeque<K>,
+    /// Keys waiting for a worker, or re-added while processed, and their lane.
+    dirty: HashMap<K, Lane>,
+    /// How many dirty keys wait for a worker (the lanes may hold stale entries).
+    waiting: usize,
+    /// Keys taken from the event lane since the last background one.
+    events_in_a_row: u32,
     processing: HashSet<K>,
     failures: HashMap<K, u32>,
     /// Per key, when the earliest watch event not yet served by a reconcile
@@ -63,8 +100,11 @@ pub struct Taken<K> {
 impl<K: Clone + Eq + Hash> State<K> {
     fn new(max_retries: u32) -> Self {
         Self {
-            queue: VecDeque::new(),
-            dirty: HashSet::new(),
+            events: VecDeque::new(),
+            background: VecDeque::new(),
+            dirty: HashMap::new(),
+            waiting: 0,
+            events_in_a_row: 0,
             processing: HashSet::new(),
             failures: HashMap::new(),
             received: HashMap::new(),
@@ -88,15 +128,51 @@ impl<K: Clone + Eq + Hash> State<K> {
                 .and_modify(|earliest| *earliest = (*earliest).min(at))
                 .or_insert(at);
         }
-        if !self.dirty.insert(key.clone()) {
-            return false;
+        let lane = Lane::of(received);
+        let processing = self.processing.contains(&key);
+        match self.dirty.get_mut(&key) {
+            // Already waiting in its lane, or in the event lane.
+            Some(queued) if *queued == lane || *queued == Lane::Event => false,
+            // A background key an event now calls for moves up; it was
+            // counted as waiting already, and done() requeues one in process.
+            Some(queued) => {
+                *queued = Lane::Event;
+                if !processing {
+                    self.events.push_back(key);
+                }
+                false
+            }
+            None => {
+                self.dirty.insert(key.clone(), lane);
+                if processing {
+                    // Re-added by done(), in the lane it holds then.
+                    return false;
+                }
+                self.push(key, lane);
+                true
+            }
         }
-        if self.processing.contains(&key) {
-            // Re-added by done().
-            return false;
+    }
+
+    fn push(&mut self, key: K, lane: Lane) {
+        self.waiting += 1;
+        match lane {
+            Lane::Event => self.events.push_back(key),
+            Lane::Background => self.background.push_back(key),
         }
-        self.queue.push_back(key);
-        true
+    }
+
+    /// Takes the next key of `lane` that waits there, skipping stale entries.
+    fn pop(&mut self, lane: Lane) -> Option<K> {
+        loop {
+            let key = match lane {
+                Lane::Event => self.events.pop_front()?,
+                Lane::Background => self.background.pop_front()?,
+            };
+            if self.dirty.get(&key) == Some(&lane) && !self.processing.contains(&key) {
+                return Some(key);
+            }
+        }
     }
 
     /// Adds `key` at `due` unless it already waits for an earlier instant;
@@ -137,8 +213,17 @@ impl<K: Clone + Eq + Hash> State<K> {
     /// them), so their instant leaves with the key. Events arriving while it
     /// is processed start a new entry for the run that follows.
     fn take(&mut self) -> Option<Taken<K>> {
-        let key = self.queue.pop_front()?;
-        self.dirty.remove(&key);
+        let background_due = self.events_in_a_row + 1 >= BACKGROUND_SHARE;
+        let key = if background_due {
+            self.pop(Lane::Background).or_else(|| self.pop(Lane::Event))
+        } else {
+            self.pop(Lane::Event).or_else(|| self.pop(Lane::Background))
+        }?;
+        self.waiting = self.waiting.saturating_sub(1);
+        match self.dirty.remove(&key) {
+            Some(Lane::Event) => self.events_in_a_row += 1,
+            _ => self.events_in_a_row = 0,
+        }
         self.processing.insert(key.clone());
         let received = self.received.remove(&key);
         Some(Taken { key, received })
@@ -147,12 +232,15 @@ impl<K: Clone + Eq + Hash> State<K> {
     /// Returns true when the key was queued again (it changed while processed).
     fn done(&mut self, key: &K) -> bool {
         self.processing.remove(key);
-        if self.dirty.contains(key) {
-            self.queue.push_back(key.clone());
-            return true;
+        match self.dirty.get(key) {
+            Some(&lane) => {
+                self.push(key.clone(), lane);
+                true
+            }
+            None => false,
         }
-        false
     }
+
 
     /// Counts a failure; `None` once the key has used up its retries.
     fn next_retry(&mut self, key: &K) -> Option<Duration> {
@@ -217,7 +305,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
                 state.add_due(Instant::now());
                 if let Some(key) = state.take() {
                     // More keys may be waiting for other workers.
-                    if !state.queue.is_empty() {
+                    if state.waiting > 0 {
                         self.ready.notify_one();
                     }
                     return Some(key);
@@ -273,7 +361,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
     }
 
     pub fn len(&self) -> usize {
-        self.lock().queue.len()
+        self.lock().waiting
     }
 
     pub fn is_empty(&self) -> bool {
@@ -287,230 +375,5 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The key of a [`Taken`], for tests that do not look at instants.
-    fn key<K>(taken: Option<Taken<K>>) -> Option<K> {
-        taken.map(|t| t.key)
-    }
-
-    #[test]
-    fn one_entry_per_key_however_many_adds() {
-        let mut s = State::new(MAX_RETRIES);
-        assert!(s.add("a", None));
-        assert!(!s.add("a", None));
-        assert!(s.add("b", None));
-        assert_eq!(key(s.take()), Some("a"));
-        assert_eq!(key(s.take()), Some("b"));
-        assert_eq!(key(s.take()), None);
-    }
-
-    #[test]
-    fn key_in_processing_is_not_handed_out_twice_but_requeued_after() {
-        let mut s = State::new(MAX_RETRIES);
-        s.add("a", None);
-        assert_eq!(key(s.take()), Some("a"));
-        // An event arrives while a worker holds "a".
-        assert!(!s.add("a", None));
-        assert_eq!(
-            key(s.take()),
-            None,
-            "a second worker must not get a key in flight"
-        );
-        assert!(s.done(&"a"));
-        assert_eq!(key(s.take()), Some("a"));
-        assert!(!s.done(&"a"));
-    }
-
-    #[test]
-    fn a_key_queued_by_several_events_carries_the_earliest() {
-        let t0 = Instant::now();
-        let (t1, t2) = (t0 + Duration::from_millis(1), t0 + Duration::from_millis(2));
-        let mut s = State::new(MAX_RETRIES);
-        // Out of order on purpose: two watchers (pods, services) feed one queue.
-        s.add("a", Some(t1));
-        s.add("a", Some(t0));
-        s.add("a", Some(t2));
-        s.add("a", None);
-        assert_eq!(
-            s.take(),
-            Some(Taken {
-                key: "a",
-                received: Some(t0)
-            })
-        );
-    }
-
-    #[test]
-    fn events_during_processing_wait_for_the_next_run_and_earlier_ones_leave_with_the_key() {
-        let t0 = Instant::now();
-        let t1 = t0 + Duration::from_millis(1);
-        let mut s = State::new(MAX_RETRIES);
-        s.add("a", Some(t0));
-        assert_eq!(key(s.take()), Some("a"));
-        // The running reconcile reads caches that may predate this event.
-        s.add("a", Some(t1));
-        assert!(s.done(&"a"));
-        assert_eq!(
-            s.take(),
-            Some(Taken {
-                key: "a",
-                received: Some(t1)
-            })
-        );
-        s.done(&"a");
-        // Queued by a resync only: no event to measure from.
-        s.add("a", None);
-        assert_eq!(
-            s.take(),
-            Some(Taken {
-                key: "a",
-                received: None
-            })
-        );
-    }
-
-    #[test]
-    fn keys_keep_their_own_instants() {
-        let t0 = Instant::now();
-        let t1 = t0 + Duration::from_millis(1);
-        let mut s = State::new(MAX_RETRIES);
-        s.add("a", Some(t1));
-        s.add("b", Some(t0));
-        s.add("c", None);
-        let taken: Vec<_> = std::iter::from_fn(|| s.take())
-            .map(|t| (t.key, t.received))
-            .collect();
-        assert_eq!(taken, vec![("a", Some(t1)), ("b", Some(t0)), ("c", None)]);
-    }
-
-    #[test]
-    fn nothing_is_recorded_after_shutdown() {
-        let mut s = State::new(MAX_RETRIES);
-        s.shutting_down = true;
-        assert!(!s.add("a", Some(Instant::now())));
-        assert!(s.received.is_empty());
-    }
-
-    #[test]
-    fn a_delayed_key_waits_once_for_the_earliest_instant() {
-        let t0 = Instant::now();
-        let at = |ms| t0 + Duration::from_millis(ms);
-        let mut s = State::new(MAX_RETRIES);
-        s.add_at("a", at(100), None);
-        s.add_at("a", at(50), Some(at(3)));
-        s.add_at("a", at(200), Some(at(1)));
-        assert_eq!(s.delayed.len(), 1);
-        assert_eq!(s.next_due(), Some(at(50)));
-        assert!(!s.add_due(at(49)));
-        assert_eq!(key(s.take()), None);
-        assert!(s.add_due(at(50)));
-        assert_eq!(
-            s.take(),
-            Some(Taken {
-                key: "a",
-                received: Some(at(1))
-            })
-        );
-        assert_eq!(s.next_due(), None);
-    }
-
-    #[test]
-    fn an_add_ends_the_wait_and_keeps_its_events() {
-        let t0 = Instant::now();
-        let at = |ms| t0 + Duration::from_millis(ms);
-        let mut s = State::new(MAX_RETRIES);
-        s.add_at("a", at(100), Some(at(1)));
-        s.add("a", Some(at(2)));
-        assert_eq!(s.next_due(), None, "no second run at the old instant");
-        assert_eq!(
-            s.take(),
-            Some(Taken {
-                key: "a",
-                received: Some(at(1))
-            })
-        );
-    }
-
-    #[test]
-    fn backoff_doubles_from_5ms_and_gives_up_after_15() {
-        let mut s: State<&str> = State::new(MAX_RETRIES);
-        let delays: Vec<_> = (0..MAX_RETRIES).map(|_| s.next_retry(&"a")).collect();
-        assert_eq!(delays[0], Some(Duration::from_millis(5)));
-        assert_eq!(delays[1], Some(Duration::from_millis(10)));
-        assert_eq!(delays[14], Some(Duration::from_millis(5 << 14)));
-        assert_eq!(s.next_retry(&"a"), None);
-        // After giving up the count starts over.
-        assert_eq!(s.next_retry(&"a"), Some(Duration::from_millis(5)));
-    }
-
-    #[tokio::test]
-    async fn workers_wake_for_added_keys_and_stop_on_shutdown() {
-        let q: Arc<WorkQueue<u32>> = WorkQueue::new(MAX_RETRIES);
-        let worker = {
-            let q = q.clone();
-            tokio::spawn(async move {
-                let mut seen = Vec::new();
-                while let Some(taken) = q.next().await {
-                    seen.push(taken.key);
-                    q.done(&taken.key);
-                    if seen.len() == 3 {
-                        break;
-                    }
-                }
-                seen
-            })
-        };
-        q.add(1, None);
-        q.add(2, None);
-        q.add(2, None);
-        q.add(3, None);
-        let seen = tokio::time::timeout(Duration::from_secs(5), worker)
-            .await
-            .expect("worker finished")
-            .expect("worker task");
-        assert_eq!(seen, vec![1, 2, 3]);
-        q.shutdown();
-        assert_eq!(q.next().await, None);
-    }
-
-    #[tokio::test]
-    async fn an_idle_worker_wakes_for_a_key_added_after_a_delay() {
-        let q: Arc<WorkQueue<&str>> = WorkQueue::new(MAX_RETRIES);
-        let worker = {
-            let q = q.clone();
-            tokio::spawn(async move { q.next().await.map(|t| t.key) })
-        };
-        tokio::task::yield_now().await;
-        q.add_after("a", Duration::from_millis(20));
-        q.add_after("a", Duration::from_millis(10));
-        let taken = tokio::time::timeout(Duration::from_secs(5), worker)
-            .await
-            .expect("woken when the key was due")
-            .expect("worker task");
-        assert_eq!(taken, Some("a"));
-        assert!(q.lock().delayed.is_empty());
-    }
-
-    #[tokio::test]
-    async fn a_retried_key_keeps_the_instant_of_the_event_it_has_not_served() {
-        let q: Arc<WorkQueue<&str>> = WorkQueue::new(MAX_RETRIES);
-        let t0 = Instant::now();
-        q.add("a", Some(t0));
-        let taken = q.next().await.expect("queued");
-        assert_eq!(q.retry(taken.key, taken.received), Retry::After(BASE_DELAY));
-        q.done(&taken.key);
-        let again = tokio::time::timeout(Duration::from_secs(5), q.next())
-            .await
-            .expect("requeued after its 5 ms backoff")
-            .expect("queue open");
-        assert_eq!(
-            again,
-            Taken {
-                key: "a",
-                received: Some(t0)
-            }
-        );
-    }
-}
+#[path = "queue_tests.rs"]
+mod tests;
