@@ -85,7 +85,7 @@ e2e-test: controlplane haproxy
 test: fmt-check clippy doc lint-shell haproxy controlplane controlplane-oldest conformance-build
 	$(CARGO) build -p watch-chaos --bins
 	$(CARGO) build -p endpoints-guard --bin endpoints-guard
-	EG_BINARY=$(CURDIR)/target/debug/endpoints-guard $(CARGO) run -p eg-tools --bin eg-conformance -- --nodes fake --out $(CURDIR)/target/conformance/test
+	EG_BINARY=$(CURDIR)/target/debug/endpoints-guard $(CARGO) run -p eg-node --bin eg-conformance -- --nodes fake --out $(CURDIR)/target/conformance/test
 	EG_SOAK_DURATION=3m $(CARGO) test --workspace -- --test-threads=$(TEST_THREADS)
 	KUBE_VERSION=$(OLDEST_KUBE) $(CARGO) test --test e2e -- --test-threads=$(TEST_THREADS) endpoints_parity:: slice_parity::
 	$(CARGO) run -p eg-harness --bin eg-with-controlplane -- $(CARGO) test -p hardened-watcher
@@ -113,7 +113,7 @@ parity: controlplane
 .PHONY: matrix
 MATRIX_ARGS ?=
 matrix: toolchain
-	$(CARGO) run -p eg-tools --bin eg-matrix -- $(MATRIX_ARGS)
+	$(CARGO) run -p eg-matrix --bin eg-matrix -- $(MATRIX_ARGS)
 
 # Bench size: S = 100 Services × 1,000 pods, M = 1,000 × 10,000, L = 3,000 × 30,000,
 # XL = 10,000 × 100,000, or a number N of Services (N × 10N). Each size runs
@@ -128,7 +128,7 @@ REPEAT ?= 1
 .PHONY: bench
 bench: controlplane
 	$(CARGO) build --release $(RELEASE_BINS)
-	SIZE=$(SIZE) KIND=$(KIND) $(CARGO) run --release -p eg-tools --bin eg-bench -- --repeat $(REPEAT)
+	SIZE=$(SIZE) KIND=$(KIND) $(CARGO) run --release -p eg-bench --bin eg-bench -- --repeat $(REPEAT)
 
 # Every scenario on a fresh control plane, once per controller, both behind watch-chaos;
 # writes target/chaos/report.json and target/chaos/report.md (make test runs a fast
@@ -151,7 +151,7 @@ soak: controlplane
 
 demo: controlplane
 	$(CARGO) build --release $(RELEASE_BINS)
-	$(CARGO) run --release -p eg-tools --bin eg-demo
+	$(CARGO) run --release -p eg-demo --bin eg-demo
 
 clean:
 	$(CARGO) clean
@@ -175,7 +175,7 @@ chart-package: controlplane
 # from the comment block above each key of values.yaml (every value needs one),
 # and runbook.md, a copy of docs/runbook.md (tests/e2e/chart.rs fails on drift).
 chart-readme: toolchain
-	$(CARGO) run -p eg-tools --bin eg-chart-readme
+	$(CARGO) run -p eg-chart --bin eg-chart-readme
 
 # A real one-node cluster on this host (docs/e2e-node.md): as root, installs containerd,
 # runc, the CNI plugins and iptables when missing (else skips, exit 0), builds kubelet,
@@ -235,4 +235,4 @@ conformance-build: controlplane
 conformance: conformance-build
 	$(CARGO) build --release -p endpoints-guard --bin endpoints-guard
 	bash hack/conformance-node.sh
-	$(CARGO) run -p eg-tools --bin eg-conformance
+	$(CARGO) run -p eg-node --bin eg-conformance

@@ -29,7 +29,7 @@ cd "$root"
 # heaptrack sees only what goes through malloc: build on the system allocator
 # (the shipped binary uses jemalloc, src/main.rs).
 cargo build --release --bin endpoints-guard --no-default-features
-cargo build --release -p eg-tools --bin eg-bench
+cargo build --release -p eg-bench --bin eg-bench
 
 wrapper="$out/endpoints-guard"
 cat >"$wrapper" <<EOF

@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result};
+use eg_chart::prometheus::{alert_names, render_chart_monitoring};
 use eg_harness::binaries::{program, workspace_root};
-use eg_tools::prometheus::{alert_names, render_chart_monitoring};
 use serde_yaml::Value;
 
 /// The rule file the test files load (`rule_files`), beside them.

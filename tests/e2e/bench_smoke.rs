@@ -25,10 +25,10 @@
 use std::time::Duration;
 
 use crate::common::endpoints_guard;
-use eg_harness::binaries::workspace_root;
-use eg_tools::bench::{
-    self, BenchOptions, BenchSize, Controller, GuardDefaults, Kind, RunResult, report,
+use eg_bench::{
+    self as bench, BenchOptions, BenchSize, Controller, GuardDefaults, Kind, RunResult, report,
 };
+use eg_harness::binaries::workspace_root;
 
 /// kube-apiserver's `--etcd-compaction-interval` in the smoke.
 const COMPACTION: Duration = Duration::from_secs(60);

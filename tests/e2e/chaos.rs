@@ -16,10 +16,10 @@ use std::time::Duration;
 
 use crate::common::{self, Guard};
 use anyhow::{Context, Result};
+use eg_chaos::{ChaosProxy, Observer, Published, Row, watch_convergence, write_report};
 use eg_harness::binaries::workspace_root;
 use eg_harness::loopback;
 use eg_harness::{ControlPlane, ControlPlaneOptions, PodBuilder, PodStatusSpec, ServiceBuilder};
-use eg_tools::chaos::{ChaosProxy, Observer, Published, Row, watch_convergence, write_report};
 use env::{Env, Which};
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use kube::Api;
@@ -292,7 +292,7 @@ async fn matrix() {
         .collect();
     let out = workspace_root().expect("workspace root").join(dir);
     write_report(&out, &rows, &notes).expect("report written");
-    println!("{}", eg_tools::chaos::markdown(&rows, &notes));
+    println!("{}", eg_chaos::markdown(&rows, &notes));
     for row in &rows {
         if row.controller == Which::Guard.name() {
             assert_eq!(

@@ -84,7 +84,7 @@ fn deploy_manifests_match_helm_template() -> Result<()> {
 /// `helm show readme` prints the README.
 #[test]
 fn the_chart_readme_and_runbook_are_generated() -> Result<()> {
-    for (path, want) in eg_tools::chart_docs::expected(&root())? {
+    for (path, want) in eg_chart::chart_docs::expected(&root())? {
         let have = std::fs::read_to_string(&path)
             .with_context(|| format!("reading {}", path.display()))?;
         assert!(

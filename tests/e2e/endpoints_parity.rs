@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use crate::common;
 use eg_harness::{ControlPlane, ControlPlaneOptions};
-use eg_tools::workload::{self, Size, Workload};
+use eg_workload::workload::{self, Size, Workload};
 use k8s_openapi::api::core::v1::Endpoints;
 use serde_json::{Value, json};
 

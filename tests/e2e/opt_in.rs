@@ -9,7 +9,7 @@
 //! The judge of every row: a watch of each Service's slices and pods, no
 //! moment at which the published ready endpoints were wrong past the grace
 //! (an address not a live ready pod, or nothing while pods were ready:
-//! `eg_tools::node::traffic::wrong_moments`). Besides: who publishes after
+//! `eg_node::traffic::wrong_moments`). Besides: who publishes after
 //! each row, and that each reported state shows in the metrics.
 //!
 //! `upstream_tracker_*` proves what a takeover must do on the release
@@ -22,10 +22,10 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
+use eg_chaos::ChaosProxy;
 use eg_harness::process::Process;
 use eg_harness::{ControlPlane, ControlPlaneOptions, PodBuilder, PodStatusSpec};
-use eg_tools::chaos::ChaosProxy;
-use eg_tools::node::traffic::{ServiceWatch, wrong_moments};
+use eg_node::traffic::{ServiceWatch, wrong_moments};
 use endpoints_guard::desired::scope::{ANNOTATION_SELECTOR, LABEL_OPT_IN, LABEL_SKIP_MIRROR};
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;

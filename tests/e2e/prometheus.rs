@@ -20,13 +20,13 @@ use std::time::{Duration, Instant};
 
 use crate::common;
 use anyhow::{Context, Result, bail};
+use eg_chaos::{ChaosProxy, Expected, failure_a_history};
+use eg_chart::prometheus::{
+    ChartMonitoring, Job, Prometheus, Scheme, Target, alert_names, render_chart_monitoring,
+};
 use eg_harness::loopback;
 use eg_harness::process::{Process, free_ports};
 use eg_harness::{ControlPlane, ControlPlaneOptions, PodBuilder, PodStatusSpec};
-use eg_tools::chaos::{ChaosProxy, Expected, failure_a_history};
-use eg_tools::prometheus::{
-    ChartMonitoring, Job, Prometheus, Scheme, Target, alert_names, render_chart_monitoring,
-};
 use endpoints_guard::metrics::prevention::ALL as PREVENTION_REASONS;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Endpoints, ServiceAccount};

@@ -1,6 +1,6 @@
 //! The EndpointSlice differential test: kube-controller-manager's
 //! endpointslice controller alone reconciles a generated workload (see
-//! `eg_tools::slice_workload`); once its slices are stable, every
+//! `eg_workload::slice_workload`); once its slices are stable, every
 //! Service's desired slices are computed by `desired::slices` from the objects
 //! read back from the API server, and compared:
 //!
@@ -32,8 +32,8 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use eg_harness::{ControlPlane, ControlPlaneOptions};
-use eg_tools::slice_workload::{SliceSize, SliceWorkload, Snapshot, list_namespaced};
-use eg_tools::workload::write_parity_report;
+use eg_workload::slice_workload::{SliceSize, SliceWorkload, Snapshot, list_namespaced};
+use eg_workload::workload::write_parity_report;
 use endpoints_guard::config::Config;
 use endpoints_guard::desired::scope::spec_selector;
 use endpoints_guard::desired::slices::{

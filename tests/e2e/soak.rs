@@ -18,14 +18,15 @@ use std::time::{Duration, Instant};
 
 use crate::common::endpoints_guard;
 use anyhow::{Context as _, Result};
+use eg_chaos::{ChaosProxy, Observer, Published};
 use eg_harness::binaries::workspace_root;
 use eg_harness::{ControlPlane, ControlPlaneOptions};
-use eg_tools::chaos::{ChaosProxy, Observer, Published};
-use eg_tools::soak::guard::GuardProcess;
-use eg_tools::soak::report::{Episode, Report};
-use eg_tools::soak::stats::{self, Sample};
-use eg_tools::soak::workload::{self, Workload, WorkloadSize};
-use eg_tools::soak::{oracle, parse_duration};
+use eg_soak::guard::GuardProcess;
+use eg_soak::oracle;
+use eg_soak::report::{Episode, Report};
+use eg_soak::stats::{self, Sample};
+use eg_soak::workload::{self, Workload, WorkloadSize};
+use eg_workload::parse_duration;
 use serde_json::json;
 use tokio::sync::{Mutex, RwLock};
 

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use crate::common::{Guard, eventually};
 use anyhow::{Context, Result, ensure};
+use eg_chaos::{Expected, Observer};
 use eg_harness::{ControlPlane, ControlPlaneOptions, ServiceBuilder};
-use eg_tools::chaos::{Expected, Observer};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::ListParams;

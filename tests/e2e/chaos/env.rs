@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use eg_chaos::{ChaosProxy, Expected, Observer, Published};
 use eg_harness::{ControlPlane, ControlPlaneOptions, Process};
-use eg_tools::chaos::{ChaosProxy, Expected, Observer, Published};
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};

@@ -5,8 +5,8 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
+use eg_chaos::Expected;
 use eg_harness::EtcdBackup;
-use eg_tools::chaos::Expected;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::ListParams;

@@ -25,7 +25,7 @@ use kube::api::Api;
 use super::*;
 
 /// The row's name.
-pub(super) const ROW: &str = eg_tools::node::AT_SCALE_ROW;
+pub(super) const ROW: &str = eg_node::AT_SCALE_ROW;
 /// The fake nodes' Services and pods.
 const SCALE_NS: &str = "eg-scale";
 /// The taint that keeps every other pod off the fake nodes.

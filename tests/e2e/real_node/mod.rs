@@ -4,7 +4,7 @@
 //! probe) behind Service `web`; a bounded client on the host sends 20
 //! requests a second to its ClusterIP through every scenario, and each failed
 //! request is blamed on wrong endpoints or on something else
-//! (`eg_tools::node::traffic::judge`). The fault rows run twice: with
+//! (`eg_node::traffic::judge`). The fault rows run twice: with
 //! endpoints-guard installed by `helm install` (enforce mode, two replicas,
 //! leader election, a namespace under the restricted Pod Security profile,
 //! the watch-chaos sidecar) and with kube-controller-manager's own endpoint
@@ -28,12 +28,12 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
+use eg_chaos::ChaosProxy;
 use eg_harness::binaries::{program, watch_chaos, workspace_root};
 use eg_harness::loopback;
 use eg_harness::process::Process;
-use eg_tools::chaos::ChaosProxy;
-use eg_tools::node::traffic::{ServiceWatch, Traffic, Verdict, judge, wait_serving};
-use eg_tools::node::{self, NodeImages, NodeOptions, RealNode};
+use eg_node::traffic::{ServiceWatch, Traffic, Verdict, judge, wait_serving};
+use eg_node::{self as node, NodeImages, NodeOptions, RealNode};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
@@ -1148,8 +1148,8 @@ fn write_timeline(
     controller: &str,
     row: &str,
     first_failure: Instant,
-    samples: &[eg_tools::node::traffic::Sample],
-    moments: &[eg_tools::node::traffic::Moment],
+    samples: &[eg_node::traffic::Sample],
+    moments: &[eg_node::traffic::Moment],
 ) -> Result<()> {
     let from = first_failure - Duration::from_secs(5);
     let mut lines: Vec<(Instant, String)> = Vec::new();

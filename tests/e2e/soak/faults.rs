@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use anyhow::Result;
-use eg_tools::soak::workload::STABLE;
+use eg_soak::workload::STABLE;
 use serde_json::json;
 
 use super::{Ctx, NS};

@@ -1,0 +1,234 @@
+//! What kube-apiserver and etcd spend, read at the start and end of a
+//! window: their CPU from /proc ([`procstat`]) and the bytes of the
+//! responses kube-apiserver sent (`apiserver_response_sizes_sum`, every
+//! request but watches: a watch's bytes are counted only when it ends,
+//! minutes after they were sent, in whichever window that falls). A controller's
+//! cost to the control plane is a window with it running against the same
+//! window with no controller ([`Spend::attributable_per_min`]).
+
+use anyhow::{Context as _, Result};
+use kube::Client;
+use serde::{Deserialize, Serialize};
+
+use eg_harness::ControlPlane;
+use eg_workload::metrics::sample_sum;
+use eg_workload::procstat::CpuSample;
+
+/// The control plane's counters at one moment.
+#[derive(Clone, Debug, Default)]
+pub struct PlaneSample {
+    apiserver: CpuSample,
+    /// One per etcd member.
+    etcd: Vec<CpuSample>,
+    response_bytes: f64,
+    /// `apiserver_storage_consistency_checks_total`, every resource and status.
+    consistency_checks: f64,
+}
+
+/// What the control plane spent over one window.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Spend {
+    pub window_s: f64,
+    pub apiserver_cpu_s: f64,
+    pub etcd_cpu_s: f64,
+    /// Bytes of kube-apiserver's answers to every request but watches.
+    pub response_bytes: f64,
+    /// Consistency checks kube-apiserver ran on its watch caches.
+    #[serde(default)]
+    pub consistency_checks: f64,
+}
+
+/// The three figures of a [`Spend`]: over a minute, or in total.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Cost {
+    pub apiserver_cpu_s: f64,
+    pub etcd_cpu_s: f64,
+    pub response_bytes: f64,
+}
+
+impl PlaneSample {
+    /// Reads kube-apiserver's and etcd's counters.
+    pub async fn read(cp: &ControlPlane, client: &Client) -> Result<Self> {
+        let apiserver = cp
+            .apiserver_pid()
+            .context("kube-apiserver is not running")?;
+        let etcd = cp
+            .etcd_pids()
+            .into_iter()
+            .map(CpuSample::read)
+            .collect::<Result<Vec<_>>>()?;
+        let text = apiserver_metrics(client).await?;
+        Ok(Self {
+            apiserver: CpuSample::read(apiserver)?,
+            etcd,
+            response_bytes: sample_sum(&text, "apiserver_response_sizes_sum").unwrap_or(0.0)
+                - sample_sum(&text, "apiserver_response_sizes_sum{verb=\"WATCH\"}").unwrap_or(0.0),
+            // The series appear with the first check.
+            consistency_checks: sample_sum(&text, "apiserver_storage_consistency_checks_total")
+                .unwrap_or(0.0),
+        })
+    }
+
+    /// What was spent from `earlier` to `self`, `window_s` seconds apart.
+    /// A kube-apiserver restarted in between starts its counters from zero:
+    /// a counter that went back counts from there.
+    pub fn since(&self, earlier: &PlaneSample, window_s: f64) -> Spend {
+        let etcd_cpu_s = self
+            .etcd
+            .iter()
+            .zip(earlier.etcd.iter().map(Some).chain(std::iter::repeat(None)))
+            .map(|(now, then)| now.since(then.unwrap_or(&CpuSample::default())).0)
+            .sum();
+        Spend {
+            window_s,
+            apiserver_cpu_s: self.apiserver.since(&earlier.apiserver).0,
+            etcd_cpu_s,
+            response_bytes: grown(self.response_bytes, earlier.response_bytes),
+            consistency_checks: grown(self.consistency_checks, earlier.consistency_checks),
+        }
+    }
+}
+
+/// kube-apiserver's `/metrics`, as text.
+pub async fn apiserver_metrics(client: &Client) -> Result<String> {
+    let request = http::Request::get("/metrics")
+        .body(Vec::new())
+        .context("building GET /metrics")?;
+    client
+        .request_text(request)
+        .await
+        .context("reading kube-apiserver's /metrics")
+}
+
+/// How much a counter grew from `then` to `now`; one that went back was
+/// reset and counts from zero.
+fn grown(now: f64, then: f64) -> f64 {
+    if now >= then { now - then } else { now }
+}
+
+impl Cost {
+    /// `self` and `other` spread over `window_s` seconds, a minute of it.
+    pub fn plus_spread(self, other: Cost, window_s: f64) -> Cost {
+        if window_s <= 0.0 {
+            return self;
+        }
+        let per_min = 60.0 / window_s;
+        Cost {
+            apiserver_cpu_s: self.apiserver_cpu_s + other.apiserver_cpu_s * per_min,
+            etcd_cpu_s: self.etcd_cpu_s + other.etcd_cpu_s * per_min,
+            response_bytes: self.response_bytes + other.response_bytes * per_min,
+        }
+    }
+}
+
+impl Spend {
+    fn per_min(&self, value: f64) -> f64 {
+        if self.window_s > 0.0 {
+            value * 60.0 / self.window_s
+        } else {
+            0.0
+        }
+    }
+
+    /// A minute of this window.
+    pub fn per_minute(&self) -> Cost {
+        Cost {
+            apiserver_cpu_s: self.per_min(self.apiserver_cpu_s),
+            etcd_cpu_s: self.per_min(self.etcd_cpu_s),
+            response_bytes: self.per_min(self.response_bytes),
+        }
+    }
+
+    /// This window's spend less what `baseline` spends in as long: what a
+    /// controller added over the whole window.
+    pub fn added_over(&self, baseline: &Spend) -> Cost {
+        let rate = |value: f64| {
+            if baseline.window_s > 0.0 {
+                value * self.window_s / baseline.window_s
+            } else {
+                0.0
+            }
+        };
+        Cost {
+            apiserver_cpu_s: self.apiserver_cpu_s - rate(baseline.apiserver_cpu_s),
+            etcd_cpu_s: self.etcd_cpu_s - rate(baseline.etcd_cpu_s),
+            response_bytes: self.response_bytes - rate(baseline.response_bytes),
+        }
+    }
+
+    /// A minute of this window less a minute of `baseline` (the same
+    /// control plane with no controller): what the controller added. Noise
+    /// can make it negative; it is reported as measured.
+    pub fn attributable_per_min(&self, baseline: &Spend) -> Cost {
+        let (with, without) = (self.per_minute(), baseline.per_minute());
+        Cost {
+            apiserver_cpu_s: with.apiserver_cpu_s - without.apiserver_cpu_s,
+            etcd_cpu_s: with.etcd_cpu_s - without.etcd_cpu_s,
+            response_bytes: with.response_bytes - without.response_bytes,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spend(window_s: f64, apiserver: f64, etcd: f64, bytes: f64) -> Spend {
+        Spend {
+            window_s,
+            apiserver_cpu_s: apiserver,
+            etcd_cpu_s: etcd,
+            response_bytes: bytes,
+            consistency_checks: 0.0,
+        }
+    }
+
+    #[test]
+    fn attributable_is_a_minute_with_less_a_minute_without() {
+        // 180 s with a controller against a 90 s baseline.
+        let with = spend(180.0, 6.0, 3.0, 3_000_000.0);
+        let baseline = spend(90.0, 1.5, 0.75, 150_000.0);
+        let added = with.attributable_per_min(&baseline);
+        assert!((added.apiserver_cpu_s - 1.0).abs() < 1e-9);
+        assert!((added.etcd_cpu_s - 0.5).abs() < 1e-9);
+        assert!((added.response_bytes - 900_000.0).abs() < 1e-6);
+        // Noise below the baseline stays visible.
+        let less = spend(60.0, 0.5, 0.5, 0.0).attributable_per_min(&baseline);
+        assert!(less.apiserver_cpu_s < 0.0);
+        assert_eq!(spend(0.0, 1.0, 1.0, 1.0).per_minute().apiserver_cpu_s, 0.0);
+    }
+
+    #[test]
+    fn a_full_resync_is_spread_over_its_interval() {
+        // 12 s holding one full resync, against 90 s of rest.
+        let resync = spend(12.0, 3.0, 1.2, 1_000_000.0);
+        let baseline = spend(90.0, 1.5, 0.75, 90_000.0);
+        let added = resync.added_over(&baseline);
+        assert!((added.apiserver_cpu_s - 2.8).abs() < 1e-9);
+        assert!((added.etcd_cpu_s - 1.1).abs() < 1e-9);
+        assert!((added.response_bytes - 988_000.0).abs() < 1e-6);
+        // Every 20 minutes: a twentieth of it a minute.
+        let at_rest = Cost::default().plus_spread(added, 1200.0);
+        assert!((at_rest.apiserver_cpu_s - 0.14).abs() < 1e-9);
+        assert_eq!(Cost::default().plus_spread(added, 0.0), Cost::default());
+    }
+
+    #[test]
+    fn counters_that_went_back_count_from_zero() {
+        let earlier = PlaneSample {
+            response_bytes: 1000.0,
+            consistency_checks: 4.0,
+            ..PlaneSample::default()
+        };
+        let now = PlaneSample {
+            response_bytes: 10.0,
+            consistency_checks: 6.0,
+            etcd: vec![CpuSample::default()],
+            ..PlaneSample::default()
+        };
+        let spent = now.since(&earlier, 60.0);
+        assert_eq!(spent.response_bytes, 10.0);
+        assert_eq!(spent.consistency_checks, 2.0);
+        assert_eq!(spent.etcd_cpu_s, 0.0);
+    }
+}
