@@ -14,19 +14,14 @@
 //! callgrind_annotate --inclusive=yes /tmp/flip.out | grep stage_
 //! ```
 
-use std::sync::Arc;
 use std::time::Duration;
 
+use hardened_watcher::ObjectKey;
 use hardened_watcher::testing::{Reply, ScriptedApi};
-use hardened_watcher::{LiveRead, ObjectKey, Outcome, WatchEventKind, live};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 
-use endpoints_guard::desired;
-use endpoints_guard::reconcile::kinds::{self, EndpointsKind, Kind, PodKind, ServiceKind};
-use endpoints_guard::reconcile::publish::reconcile;
-use endpoints_guard::reconcile::{Context, Stores, testkit};
-use endpoints_guard::settings::{Controller, Controllers};
+use endpoints_guard::profiling::Harness;
 
 const NAMESPACE: &str = "eg-bench-0";
 const SERVICES: usize = 50;
@@ -116,40 +111,6 @@ fn service_json(s: usize) -> Value {
     })
 }
 
-/// What the reconcile of `key` will write (the pure functions the reconcile
-/// itself calls), as kube-apiserver answers the PUT: with a new
-/// resourceVersion and our managedFields.
-fn expected_write(ctx: &Context, key: &ObjectKey, rv: u64) -> Value {
-    let service = ctx.stores.services.get(key);
-    let service = service
-        .as_deref()
-        .unwrap_or_else(|| panic!("no service {key}"));
-    let selector = desired::scope::spec_selector(service).unwrap_or_else(|| panic!("selector"));
-    let pods = kinds::selected_pods(ctx, &key.namespace, selector);
-    let refs: Vec<_> = pods.iter().map(AsRef::as_ref).collect();
-    let current = ctx.stores.endpoints.get(key).map(|ep| ep.decode());
-    let current = current.transpose().unwrap_or_else(|err| panic!("{err}"));
-    let computed = desired::compute_subsets(service, &refs, ctx.policy.rules);
-    let wanted = desired::build_endpoints(
-        service,
-        computed,
-        current.as_ref(),
-        None,
-        desired::EndpointsMarks::managed_by(desired::MANAGER),
-    );
-    let mut value = serde_json::to_value(&wanted).unwrap_or_else(|err| panic!("{err}"));
-    value["kind"] = json!("Endpoints");
-    value["apiVersion"] = json!("v1");
-    value["metadata"]["uid"] = json!(format!("7d0c2d3e-{}", key.name));
-    value["metadata"]["resourceVersion"] = json!(rv.to_string());
-    value["metadata"]["creationTimestamp"] = json!("2026-11-24T20:00:00Z");
-    value["metadata"]["managedFields"] = json!([{"manager": "endpoints-guard", "operation": "Update",
-        "apiVersion": "v1", "time": "2026-11-24T21:00:00Z", "fieldsType": "FieldsV1",
-        "fieldsV1": {"f:metadata": {"f:labels": {".": {}, "f:endpoints.kubernetes.io/managed-by": {}}},
-                     "f:subsets": {}}}]);
-    value
-}
-
 fn line(kind: &str, object: &Value) -> String {
     // As kube-apiserver writes it: `type` first (the watcher reads the
     // metadata of our own write before deciding to decode it).
@@ -158,64 +119,42 @@ fn line(kind: &str, object: &Value) -> String {
 
 /// A pod's watch line: decoded, cached, handed to the pod handler.
 #[inline(never)]
-fn stage_pod_event(ctx: &Arc<Context>, line: &str) {
-    let Some(outcome) = ctx.stores.pods.apply_watch_line(line, PodKind::project) else {
-        panic!("not a pod event")
-    };
-    if let Outcome::Applied(change) = outcome {
-        PodKind::on_change(ctx, &change, std::time::Instant::now());
-    }
+fn stage_pod_event(harness: &Harness, line: &str) {
+    harness
+        .pod_event(line)
+        .unwrap_or_else(|err| panic!("pod event: {err}"));
 }
 
 /// Our own write coming back on the Endpoints watch, its line as
 /// kube-apiserver writes it (`type` first): read to its metadata only.
 #[inline(never)]
-fn stage_endpoints_event(ctx: &Arc<Context>, line: &str) {
-    let Some(outcome) = ctx
-        .stores
-        .endpoints
-        .apply_watch_line(line, EndpointsKind::project)
-    else {
-        panic!("not an endpoints event")
-    };
-    if let Outcome::Applied(change) = outcome {
-        kinds::on_endpoints(ctx, &change, None);
-    }
+fn stage_endpoints_event(harness: &Harness, line: &str) {
+    harness
+        .endpoints_event(line)
+        .unwrap_or_else(|err| panic!("endpoints event: {err}"));
 }
 
 /// The same event in a line with `object` before `type` (as a re-serializing
 /// proxy writes it): decoded whole, then found unchanged. The cost the
 /// metadata-first read saves.
 #[inline(never)]
-fn stage_endpoints_event_decoded(ctx: &Arc<Context>, line: &str) {
-    match ctx
-        .stores
-        .endpoints
-        .apply_watch_line(line, EndpointsKind::project)
-    {
-        Some(Outcome::Unchanged) => {}
-        other => panic!("our own write decoded whole: {other:?}"),
-    }
+fn stage_endpoints_event_decoded(harness: &Harness, line: &str) {
+    harness
+        .endpoints_event_unchanged(line)
+        .unwrap_or_else(|err| panic!("{err}"));
+}
+
+/// The queued Service's reconcile, whose PUT the peer answers.
+#[inline(never)]
+fn stage_reconcile(rt: &tokio::runtime::Runtime, harness: &Harness) -> ObjectKey {
+    rt.block_on(harness.reconcile_next())
+        .unwrap_or_else(|err| panic!("reconcile: {err}"))
 }
 
 #[inline(never)]
-fn stage_reconcile(rt: &tokio::runtime::Runtime, ctx: &Context, key: &ObjectKey) {
-    if let Err(err) = rt.block_on(reconcile(
-        ctx,
-        Controller::Endpoints,
-        key,
-        &testkit::untimed(ctx),
-    )) {
-        panic!("reconcile {key}: {err}");
-    }
-}
-
-#[inline(never)]
-fn stage_ghost_read(rt: &tokio::runtime::Runtime, ctx: &Context, key: &ObjectKey) {
-    match rt.block_on(live::get_meta::<Pod>(&ctx.client, &(), key)) {
-        Ok(LiveRead::Found(_)) => {}
-        other => panic!("ghost read of {key}: {other:?}"),
-    }
+fn stage_ghost_read(rt: &tokio::runtime::Runtime, harness: &Harness, pod: &ObjectKey) {
+    rt.block_on(harness.ghost_read(pod))
+        .unwrap_or_else(|err| panic!("ghost read of {pod}: {err}"));
 }
 
 /// What the ghost scan's answer costs to decode, three ways: a whole Pod
@@ -250,14 +189,6 @@ fn stage_decode_uid(text: &str) -> usize {
     only.metadata.uid.map_or(0, |uid| uid.len())
 }
 
-fn fill<K: Kind>(ctx: &Context, objects: impl Iterator<Item = Value>) {
-    for object in objects {
-        let obj: K::Object = serde_json::from_value(object).unwrap_or_else(|err| panic!("{err}"));
-        let cached = K::project(obj).unwrap_or_else(|| panic!("projection"));
-        K::store(&ctx.stores).apply_watch_event(WatchEventKind::Added, cached);
-    }
-}
-
 fn main() {
     let flips: usize = std::env::var("FLIPS")
         .ok()
@@ -283,18 +214,31 @@ fn main() {
         .build()
         .unwrap_or_else(|err| panic!("{err}"));
     let _guard = rt.enter();
-    let mut base = testkit::context_with(peer.client(Duration::from_secs(5)));
-    base.stores = Stores::for_controllers(Controllers::of(&[Controller::Endpoints]));
-    let ctx = Arc::new(base);
+    let harness = Harness::new(peer.client(Duration::from_secs(5)));
+    let expect = |what: &str, result: Result<(), endpoints_guard::profiling::Unexpected>| {
+        result.unwrap_or_else(|err| panic!("{what}: {err}"))
+    };
 
     let pods = SERVICES * PODS_PER_SERVICE;
-    fill::<ServiceKind>(&ctx, (0..SERVICES).map(service_json));
-    fill::<PodKind>(&ctx, (0..pods).map(|i| pod_json(i, 100, true)));
-    let mut rv = 1000;
     for s in 0..SERVICES {
-        let key = ObjectKey::new(NAMESPACE, format!("svc-{s}"));
+        expect("service", harness.add_service(service_json(s)));
+    }
+    for i in 0..pods {
+        expect("pod", harness.add_pod(pod_json(i, 100, true)));
+    }
+    let mut rv = 1000;
+    let service_key = |s: usize| ObjectKey::new(NAMESPACE, format!("svc-{s}"));
+    let write = |key: &ObjectKey, rv: u64| {
+        harness
+            .expected_write(key, rv)
+            .unwrap_or_else(|err| panic!("{err}"))
+    };
+    for s in 0..SERVICES {
         rv += 1;
-        fill::<EndpointsKind>(&ctx, std::iter::once(expected_write(&ctx, &key, rv)));
+        expect(
+            "endpoints",
+            harness.add_endpoints(write(&service_key(s), rv)),
+        );
     }
 
     let mut ready = vec![true; pods];
@@ -303,26 +247,18 @@ fn main() {
         ready[index] = !ready[index];
         rv += 1;
         let pod_line = line("MODIFIED", &pod_json(index, rv, ready[index]));
-        stage_pod_event(&ctx, &pod_line);
-        assert_eq!(
-            ctx.endpoints.queue.len(),
-            1,
-            "flip {flip}: one Service queued"
-        );
-        let key = rt
-            .block_on(ctx.endpoints.queue.next())
-            .unwrap_or_else(|| panic!("flip {flip}: nothing queued"))
-            .key;
+        stage_pod_event(&harness, &pod_line);
+        assert_eq!(harness.queued(), 1, "flip {flip}: one Service queued");
+        let key = service_key(index % SERVICES);
         rv += 1;
-        let written = expected_write(&ctx, &key, rv);
+        let written = write(&key, rv);
         peer.push(Reply::Body(written.to_string()));
-        stage_reconcile(&rt, &ctx, &key);
-        stage_endpoints_event(&ctx, &line("MODIFIED", &written));
+        assert_eq!(stage_reconcile(&rt, &harness), key, "flip {flip}");
+        stage_endpoints_event(&harness, &line("MODIFIED", &written));
         stage_endpoints_event_decoded(
-            &ctx,
+            &harness,
             &json!({"object": written, "type": "MODIFIED"}).to_string(),
         );
-        ctx.endpoints.queue.done(&key);
 
         let meta = json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
                           "metadata": pod_json(index, rv, ready[index])["metadata"]});
@@ -331,19 +267,18 @@ fn main() {
             NAMESPACE,
             format!("svc-{}-p{}", index % SERVICES, index / SERVICES),
         );
-        stage_ghost_read(&rt, &ctx, &pod_key);
+        stage_ghost_read(&rt, &harness, &pod_key);
 
         let whole = pod_json(index, rv, ready[index]).to_string();
         let meta = meta.to_string();
         let uids = stage_decode_pod(&whole) + stage_decode_meta(&meta) + stage_decode_uid(&meta);
         assert_eq!(uids, 3 * 36, "three UIDs read");
     }
-    let writes = ctx
-        .metrics
-        .endpoints_writes
-        .with_label_values(&["update"])
-        .get();
-    assert_eq!(writes, flips as u64, "one Endpoints write per flip");
+    assert_eq!(
+        harness.endpoints_updates(),
+        flips as u64,
+        "one Endpoints write per flip"
+    );
     let _ = stop.send(());
     drop(peer);
     let _ = peer_thread.join();

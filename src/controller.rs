@@ -73,13 +73,24 @@ impl KindVisitor for Watching<'_> {
     }
 }
 
-/// A running controller: where its metrics server listens, and its context (the
-/// tests read caches and metrics through it).
+/// A running controller: where its metrics server listens, its metrics and
+/// the Kubernetes release whose rules it follows.
 pub struct Running {
     pub metrics_addr: SocketAddr,
     /// Where /metrics is served over HTTPS (`--secure-metrics-addr`), if it is.
     pub secure_metrics_addr: Option<SocketAddr>,
-    pub context: Arc<Context>,
+    context: Arc<Context>,
+}
+
+impl Running {
+    pub fn metrics(&self) -> &Metrics {
+        &self.context.metrics
+    }
+
+    /// The rules endpoints-guard computes Endpoints and EndpointSlices by.
+    pub fn rules(&self) -> Rules {
+        self.context.policy.rules
+    }
 }
 
 /// Starts everything, following `rules` ([`crate::startup::kube_rules`]),
@@ -427,5 +438,11 @@ async fn work(ctx: Arc<Context>, controller: Controller) {
             }
         }
         queue.done(&key);
+        // A reconcile with nothing to write never waits, and neither does
+        // `next` while keys are queued: without this a worker would run a
+        // resync's thousand keys back to back and hold the runtime's one
+        // thread, so the watch event of a pod that flips meanwhile would not
+        // even be read (and its key could not go ahead) until they are done.
+        tokio::task::yield_now().await;
     }
 }

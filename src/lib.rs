@@ -11,7 +11,7 @@
 //!   Prometheus registry.
 //! - `leader`: Lease election; `server`: `/metrics` and the probes, with
 //!   the HTTPS metrics' certificate and authorizer.
-//! - [`reconcile`]: work queues, the reconcile of one Service (observe →
+//! - `reconcile`: work queues, the reconcile of one Service (observe →
 //!   decide → desire → guard → apply), resync and the ghost scan. The
 //!   watcher itself is the `hardened_watcher` crate
 //!   (`crates/hardened-watcher`), knowing nothing of Endpoints.
@@ -19,6 +19,8 @@
 //! - [`startup`]: the client and the preflight checks.
 //! - [`controller`]: the wiring of a run; [`commands`]: the chart's
 //!   `helm test` and pre-delete check.
+//! - `profiling` (feature `profiling`): the Endpoints controller's stages
+//!   one at a time, for the CPU profiler (docs/cpu-profile.md).
 
 pub mod commands;
 pub mod config;
@@ -28,8 +30,10 @@ pub mod error;
 pub(crate) mod leader;
 mod locks;
 pub mod metrics;
+#[cfg(feature = "profiling")]
+pub mod profiling;
 pub(crate) mod ratelimit;
-pub mod reconcile;
+pub(crate) mod reconcile;
 pub(crate) mod server;
 pub mod settings;
 pub(crate) mod shutdown;

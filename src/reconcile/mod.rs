@@ -7,11 +7,11 @@ pub(crate) mod decide;
 pub(crate) mod events;
 pub(crate) mod ghost_scan;
 pub(crate) mod guard;
-pub mod kinds;
-pub mod latency;
+pub(crate) mod kinds;
+pub(crate) mod latency;
 pub(crate) mod opt_in;
 pub(crate) mod orphans;
-pub mod publish;
+pub(crate) mod publish;
 pub(crate) mod queue;
 pub(crate) mod resync;
 mod slice_sync;
@@ -19,7 +19,7 @@ mod sync;
 pub(crate) mod trigger;
 
 #[cfg(any(test, feature = "profiling"))]
-pub mod testkit;
+pub(crate) mod testkit;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -241,7 +241,6 @@ impl<K: Clone + Eq + Hash> State<K> {
         }
     }
 
-
     /// Counts a failure; `None` once the key has used up its retries.
     fn next_retry(&mut self, key: &K) -> Option<Duration> {
         let count = self.failures.entry(key.clone()).or_insert(0);
@@ -362,10 +361,6 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
 
     pub fn len(&self) -> usize {
         self.lock().waiting
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     pub fn shutdown(&self) {

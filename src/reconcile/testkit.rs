@@ -1,19 +1,26 @@
-//! Test fixtures for the reconcile: a [`Context`] over any client (a scripted
-//! peer, or nowhere), and small objects.
+//! Fixtures for the reconcile: a [`Context`] over any client (a scripted
+//! peer, or nowhere), and small objects for the unit tests.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Endpoints, Service};
 use kube::runtime::events::{Recorder, Reporter};
-use serde_json::json;
 
 use super::latency::{WriteClock, WriteTimer};
 use super::{Context, Policy, Stores, Work};
+use crate::desired::ManagedBy;
 use crate::desired::scope::Scope;
-use crate::desired::{ManagedBy, PodFields, PodInfo};
 use crate::metrics::Metrics;
 use crate::settings::{Controller, Mode};
+
+// The objects below are for the unit tests; the profiler needs only the
+// context and the timer.
+#[cfg(test)]
+use {
+    crate::desired::{PodFields, PodInfo},
+    k8s_openapi::api::core::v1::{Endpoints, Service},
+    serde_json::json,
+    std::collections::BTreeMap,
+};
 
 /// A context whose client talks to `client`'s server, in enforce mode, leading.
 /// Its Events are published when a runtime runs (as in async tests).
@@ -53,6 +60,7 @@ pub fn context_with(client: kube::Client) -> Context {
 /// A scripted peer answering `replies` in order (Event posts aside: those
 /// always get `{}`), and a context whose requests to it time out after a
 /// second.
+#[cfg(test)]
 pub async fn scripted(
     replies: Vec<hardened_watcher::testing::Reply>,
 ) -> (hardened_watcher::testing::ScriptedApi, Context) {
@@ -67,6 +75,7 @@ pub async fn scripted(
 
 /// Whether an Event was posted to `peer` within `within`: Events are
 /// published off the reconcile path, after it returns.
+#[cfg(test)]
 pub async fn event_posted(
     peer: &hardened_watcher::testing::ScriptedApi,
     within: std::time::Duration,
@@ -93,6 +102,7 @@ pub fn untimed(ctx: &Context) -> WriteTimer {
 }
 
 /// A context whose client points nowhere: for code that never calls the API.
+#[cfg(test)]
 pub fn context() -> Context {
     let config = kube::Config::new(
         "http://127.0.0.1:9"
@@ -103,6 +113,7 @@ pub fn context() -> Context {
 }
 
 /// Service `name` of `ns` selecting `app: <app>`, port 80 → 8080.
+#[cfg(test)]
 pub fn service(ns: &str, name: &str, app: &str) -> Service {
     serde_json::from_value(json!({
         "metadata": {"namespace": ns, "name": name, "uid": format!("{name}-uid"), "resourceVersion": "1"},
@@ -113,6 +124,7 @@ pub fn service(ns: &str, name: &str, app: &str) -> Service {
 }
 
 /// Ready pod `name` of `ns` labelled `app: <app>` at `ip`, on node `n1`.
+#[cfg(test)]
 pub fn pod(ns: &str, name: &str, app: &str, ip: &str, rv: &str) -> PodInfo {
     PodFields {
         namespace: ns.into(),
@@ -131,6 +143,7 @@ pub fn pod(ns: &str, name: &str, app: &str, ip: &str, rv: &str) -> PodInfo {
 
 /// Endpoints `name` of `ns`, managed by us (the managed-by value written by
 /// default), with one ready address per (pod name, ip), port 8080.
+#[cfg(test)]
 pub fn endpoints(ns: &str, name: &str, addresses: &[(&str, &str)]) -> Endpoints {
     let addresses: Vec<_> = addresses
         .iter()

@@ -267,7 +267,8 @@ async fn rules_follow_the_api_server_unless_given() -> anyhow::Result<()> {
     );
     let guard = crate::common::Guard::start(client.clone(), &[]).await?;
     assert_eq!(
-        guard.running.context.policy.rules, rules,
+        guard.running.rules(),
+        rules,
         "the controller runs with them"
     );
     guard.stop().await;

@@ -54,7 +54,7 @@ impl Guard {
     }
 
     pub fn metrics_text(&self) -> String {
-        self.running.context.metrics.render().unwrap_or_default()
+        self.running.metrics().render().unwrap_or_default()
     }
 
     /// The sum of the samples of `name{labels}` that carry those labels, 0
@@ -95,10 +95,10 @@ impl Drop for Guard {
 }
 
 /// The sum of the samples of `series` (see
-/// [`eg_tools::metrics::sample_sum`]: labels given must be present,
+/// [`eg_workload::metrics::sample_sum`]: labels given must be present,
 /// others are added up), 0 when none.
 pub fn metric_value(text: &str, series: &str) -> f64 {
-    eg_tools::metrics::sample_sum(text, series).unwrap_or(0.0)
+    eg_workload::metrics::sample_sum(text, series).unwrap_or(0.0)
 }
 
 /// Waits until Endpoints `ns`/`name` exist with exactly the ready addresses

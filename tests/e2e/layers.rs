@@ -21,7 +21,7 @@ const LAYERS: &[&[&str]] = &[
     &["reconcile"],
     &["config"],
     &["startup"],
-    &["controller", "commands"],
+    &["controller", "commands", "profiling"],
 ];
 
 fn layer_of(module: &str) -> Option<usize> {

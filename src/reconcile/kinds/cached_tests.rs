@@ -1,5 +1,6 @@
 use k8s_openapi::api::core::v1::Endpoints;
 
+use super::packed::TargetRefUid;
 use super::*;
 use crate::desired;
 use crate::wire::EndpointsWire;

@@ -33,7 +33,7 @@ fn pod(ns: &str, app: &str, rv: &str) -> PodInfo {
 fn queued(ctx: &Context) -> Vec<String> {
     let queue = &ctx.endpoints.queue;
     let mut keys = Vec::new();
-    while !queue.is_empty() {
+    while queue.len() > 0 {
         let Some(taken) = futures::executor::block_on(queue.next()) else {
             break;
         };

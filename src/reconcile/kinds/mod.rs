@@ -29,7 +29,6 @@ mod services;
 pub use endpoints::{CachedEndpoints, EndpointsKind, managed_by, on_endpoints, pod_target_refs};
 pub use endpointslices::{CachedSlice, EndpointSliceKind, on_slice, slice_pod_refs, slices_of};
 pub use nodes::{CachedNode, NodeKind, on_node};
-pub use packed::{TargetRefUid, strip_managed_fields};
 pub use pods::{PodKind, on_pod, pod_referenced, selected_pods};
 pub use services::{CachedService, ServiceKind, on_service};
 
