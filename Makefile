@@ -92,11 +92,28 @@ test: fmt-check clippy doc lint-shell haproxy controlplane controlplane-oldest c
 	EG_IMAGE_PROFILE=debug bash hack/e2e-node.sh short
 
 # rustdoc of the hardened-watcher crate, warnings as errors, and the crate as
-# crates.io would take it (packaged, then built from the package alone).
-doc: toolchain
+# crates.io would take it (packaged, then built from the package alone); then
+# its public API against a baseline commit's, by cargo-semver-checks.
+doc: toolchain semver-check
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc -p hardened-watcher --no-deps --features testing
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc -p endpoints-guard --no-deps --lib
 	$(CARGO) package -p hardened-watcher --allow-dirty
+
+# The commit whose hardened-watcher API the current one must stay compatible
+# with, at the crate's version then (0.1.0): a change that breaks it fails
+# `make doc` until the crate's version says so (0.2.0) and this names the
+# commit of that release (docs/testing.md, "The watcher's API").
+WATCHER_API_BASELINE := 3cb668c
+SEMVER_CHECKS_VERSION := 0.51.0
+SEMVER_CHECKS := $(CURDIR)/target/tools/bin/cargo-semver-checks
+
+.PHONY: semver-check
+semver-check: toolchain
+	@$(SEMVER_CHECKS) --version 2>/dev/null | grep -qF $(SEMVER_CHECKS_VERSION) || \
+		$(CARGO) install --locked --quiet cargo-semver-checks --version $(SEMVER_CHECKS_VERSION) --root $(CURDIR)/target/tools
+	@git cat-file -e $(WATCHER_API_BASELINE)^{commit} 2>/dev/null || \
+		{ echo "make: commit $(WATCHER_API_BASELINE) (the watcher's API baseline) is not in this clone: fetch the full history (git fetch --unshallow)"; exit 1; }
+	PATH="$(CURDIR)/target/tools/bin:$$PATH" $(CARGO) semver-checks check-release -p hardened-watcher --baseline-rev $(WATCHER_API_BASELINE)
 
 parity: controlplane
 	EG_PARITY_SCALE=full $(CARGO) test --release --test e2e -- --nocapture endpoints_parity:: slice_parity::

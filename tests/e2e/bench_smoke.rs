@@ -144,7 +144,11 @@ async fn size_s_briefly() -> anyhow::Result<()> {
         match run.controller {
             Controller::Guard => {
                 let churn = during.expect("pods flipped through resyncs");
-                assert_eq!(churn.resyncs, 3, "{name}: {churn:?}");
+                assert_eq!(
+                    churn.resyncs,
+                    bench::RESYNCS_UNDER_CHURN,
+                    "{name}: {churn:?}"
+                );
                 assert_eq!(churn.missed, 0, "{name}: flips never seen: {churn:?}");
                 assert!(churn.outside_flips > 0, "{name}: {churn:?}");
                 assert_eq!(run.churn_p99_during_resync_ms, churn.during_p99_ms);

@@ -213,7 +213,7 @@ pub struct Resync {
 }
 
 /// Resyncs the resync phase runs under churn, after the first.
-const RESYNCS_UNDER_CHURN: usize = 9;
+pub const RESYNCS_UNDER_CHURN: usize = 9;
 
 /// Pod flips while a resync ran against those while none did, in the same
 /// process (see `Bench::churn_through_resyncs`).
