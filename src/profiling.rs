@@ -38,6 +38,8 @@ pub enum Unexpected {
     },
     #[error("no Service {0} in the cache")]
     NoService(ObjectKey),
+    #[error("Service {0} has no selector")]
+    NoSelector(ObjectKey),
     #[error("the Endpoints watch decoded our own write whole: {0}")]
     DecodedWhole(String),
     #[error("nothing queued")]
@@ -150,9 +152,8 @@ impl Harness {
         let service = service
             .as_deref()
             .ok_or_else(|| Unexpected::NoService(key.clone()))?;
-        let Some(selector) = desired::scope::spec_selector(service) else {
-            return Err(Unexpected::NoService(key.clone()));
-        };
+        let selector = desired::scope::spec_selector(service)
+            .ok_or_else(|| Unexpected::NoSelector(key.clone()))?;
         let pods = kinds::selected_pods(ctx, &key.namespace, selector);
         let refs: Vec<_> = pods.iter().map(AsRef::as_ref).collect();
         let current = match ctx.stores.endpoints.get(key) {
