@@ -1,11 +1,13 @@
 //! `make bench` in brief, inside `make test`: size S (100 Services × 1,000
-//! pods), endpoints-guard and kube-controller-manager (default client limits), for Endpoints and then EndpointSlices on the same
-//! control plane, 10 s of churn at 10 pods/s, 5 s steady (and 5 s of the
-//! control plane with no controller, to set what each adds against), one
-//! resync and three more under churn, and endpoints-guard's ghost phase for
-//! Endpoints. It checks that the bench
-//! works and the figures that do not depend on machine speed (this is the
-//! debug build): every flip reaches the Endpoints (the slices),
+//! pods), endpoints-guard and kube-controller-manager (default client
+//! limits), for Endpoints and then EndpointSlices on the same control
+//! plane, 10 s of churn at 10 pods/s, 5 s steady, one resync and nine more
+//! under churn, and endpoints-guard's ghost phase for Endpoints. Before the
+//! controllers, the control plane runs 8 minutes with none: what each adds
+//! is measured against it, and it holds kube-apiserver's first consistency
+//! check of every resource, whose cost is measured too. It checks that the
+//! bench works and the figures that do not depend on machine speed (this
+//! is the debug build): every flip reaches the Endpoints (the slices),
 //! endpoints-guard writes once per change (slices: no more often than
 //! upstream), makes no live reads in steady state, and removes a ghost
 //! pod's address within the bound of the path it takes here. Reports go to
@@ -140,6 +142,25 @@ async fn size_s_briefly() -> anyhow::Result<()> {
             baseline.window_s > 0.0 && baseline.apiserver_cpu_s > 0.0,
             "{name}: the control plane with no controller was measured: {baseline:?}"
         );
+        // The window with no controller held kube-apiserver's first
+        // consistency check of every resource the controllers watch.
+        let checks = run
+            .consistency_check
+            .as_ref()
+            .expect("kube-apiserver's consistency checks measured");
+        for (group, resource) in bench::checks::CHECKED {
+            let name = bench::checks::resource_name(group, resource);
+            assert!(
+                checks.resources.get(&name).is_some_and(|r| r.checks >= 1),
+                "{name}: no check in the {:.0} s window: {checks:?}",
+                checks.window_s
+            );
+        }
+        assert!(
+            run.consistency_check_cpu_s_per_min
+                .is_some_and(f64::is_finite),
+            "{name}: {checks:?}"
+        );
         let during = run.resync.as_ref().and_then(|r| r.churn.clone());
         match run.controller {
             Controller::Guard => {
@@ -162,6 +183,7 @@ async fn size_s_briefly() -> anyhow::Result<()> {
         "etcd_cpu_s_per_min_at_rest",
         "response_bytes_per_min_at_rest",
         "churn_p99_during_resync_ms",
+        "consistency_check_cpu_s_per_min",
     ] {
         assert!(json.contains(field), "report.json has no {field}");
     }

@@ -469,6 +469,11 @@ impl ControlPlane {
         self.apiserver.as_ref().and_then(Process::pid)
     }
 
+    /// The log of the (first) kube-apiserver: every start appends to it.
+    pub fn apiserver_log(&self) -> PathBuf {
+        self.log_dir.join("kube-apiserver.log")
+    }
+
     /// Process ids of every running etcd member.
     pub fn etcd_pids(&self) -> Vec<u32> {
         std::iter::once(&self.etcd)
@@ -691,7 +696,7 @@ impl ControlPlane {
 
     /// Starts kube-apiserver and waits for it; on failure the logs are kept.
     async fn start_apiserver(&mut self) -> Result<()> {
-        let log = self.log_dir.join("kube-apiserver.log");
+        let log = self.apiserver_log();
         let mut process = Process::spawn(
             "kube-apiserver",
             &self.binaries.kube_apiserver,

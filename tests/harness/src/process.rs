@@ -47,6 +47,9 @@ impl Process {
         let mut command = Command::new(program);
         command
             .args(args)
+            // Log times in UTC whatever the machine's zone, so that a tool can
+            // line a log line up with its own clock.
+            .env("TZ", "UTC")
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(stderr));

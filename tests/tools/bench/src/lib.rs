@@ -30,6 +30,7 @@
 //! [`BenchOptions`] sets them, and the report states the values in effect.
 
 mod audit;
+pub mod checks;
 mod controllers;
 pub mod ghost;
 pub mod inproc;
@@ -74,6 +75,11 @@ pub struct BenchOptions {
     pub churn_rate: u32,
     pub churn: Duration,
     pub steady: Duration,
+    /// How long the control plane's window with no controller runs at
+    /// least: long enough to hold one of kube-apiserver's consistency checks
+    /// of every resource ([`checks`]). Zero: as long as steady, and the
+    /// checks' cost not measured.
+    pub check_window: Duration,
     /// endpoints-guard's `--resync-interval` in the resync phase (a fresh
     /// process whose first resync is measured).
     pub resync_phase_interval: Duration,
@@ -132,6 +138,9 @@ impl BenchOptions {
             // Twice the default resync interval: a window of a whole number
             // of intervals holds the same number of resyncs wherever it starts.
             steady: Duration::from_secs(180),
+            // The longest wait for a resource's check, and half a minute for
+            // the checks themselves.
+            check_window: checks::LONGEST_GAP + Duration::from_secs(30),
             resync_phase_interval: Duration::from_secs(10),
             guard_resync_interval: None,
             guard_full_resync_interval: None,
@@ -277,8 +286,11 @@ struct Bench {
     guard: Option<GuardDefaults>,
     setup_s: f64,
     /// What the control plane spends at rest with no controller running,
-    /// over a window as long as steady's.
+    /// a minute of it as of a window as long as steady's.
     baseline: Spend,
+    /// What kube-apiserver's consistency checks cost in the same window;
+    /// `None` when not measured (`check_window` zero).
+    consistency_check: Option<checks::CheckCost>,
     _dir: tempfile::TempDir,
 }
 
@@ -414,8 +426,12 @@ impl Bench {
         if let Some(interval) = opts.etcd_compaction_interval {
             cp_opts = cp_opts.etcd_compaction_interval(interval);
         }
-        for arg in &opts.apiserver_args {
-            cp_opts = cp_opts.apiserver_arg(arg.clone());
+        for arg in checks::APISERVER_ARGS
+            .iter()
+            .map(|a| a.to_string())
+            .chain(opts.apiserver_args.iter().cloned())
+        {
+            cp_opts = cp_opts.apiserver_arg(arg);
         }
         let guard = if opts.controllers.contains(&Controller::Guard) {
             let defaults = GuardDefaults::of_binary(&opts.guard_binary).await?;
@@ -458,7 +474,8 @@ impl Bench {
         let workload = BenchWorkload::generate(&opts.size);
         let setup = workload.create(&client, opts.setup_parallelism).await?;
         log(&format!("workload created in {:.1} s", setup.as_secs_f64()));
-        let baseline = rest_baseline(&cp, &client, opts.steady).await?;
+        let (baseline, consistency_check) =
+            rest_baseline(&cp, &client, opts.steady, opts.check_window).await?;
         Ok(Self {
             cp,
             client,
@@ -471,6 +488,7 @@ impl Bench {
             guard,
             setup_s: setup.as_secs_f64(),
             baseline,
+            consistency_check,
             _dir: dir,
         })
     }
@@ -703,6 +721,7 @@ impl Bench {
             ghost,
             in_process,
             baseline: self.baseline,
+            consistency_check: self.consistency_check.clone(),
             client_qps: match c {
                 Controller::Guard => None,
                 Controller::Upstream => Some(upstream_qps(&self.opts.upstream_args)),
@@ -1093,23 +1112,59 @@ struct Mark {
     plane: Option<PlaneSample>,
 }
 
-/// What the control plane spends at rest with no controller, over `window`
-/// after a settling pause (the workload's creation winds down).
-async fn rest_baseline(cp: &ControlPlane, client: &Client, window: Duration) -> Result<Spend> {
+/// What the control plane spends at rest with no controller, over the
+/// longer of `window` and `check_window` after a settling pause (the
+/// workload's creation winds down), and what kube-apiserver's consistency
+/// checks cost in it (`None` when `check_window` is zero).
+async fn rest_baseline(
+    cp: &ControlPlane,
+    client: &Client,
+    window: Duration,
+    check_window: Duration,
+) -> Result<(Spend, Option<checks::CheckCost>)> {
+    let window = window.max(check_window);
     log(&format!(
         "control plane at rest with no controller: {} s",
         window.as_secs()
     ));
     tokio::time::sleep(Duration::from_secs(10)).await;
+    let trace = if check_window.is_zero() {
+        None
+    } else {
+        Some(checks::Trace::start(cp)?)
+    };
     let start = PlaneSample::read(cp, client).await?;
     let started = Instant::now();
     tokio::time::sleep(window).await;
     let end = PlaneSample::read(cp, client).await?;
-    let spend = end.since(&start, started.elapsed().as_secs_f64());
+    let window_s = started.elapsed().as_secs_f64();
+    let spend = end.since(&start, window_s);
     let per_min = spend.per_minute();
     log(&format!(
         "control plane at rest with no controller, a minute: kube-apiserver {:.3} CPU-s, etcd {:.3} CPU-s, {:.0} response bytes",
         per_min.apiserver_cpu_s, per_min.etcd_cpu_s, per_min.response_bytes
     ));
-    Ok(spend)
+    let Some(trace) = trace else {
+        return Ok((spend, None));
+    };
+    let cost = trace.finish(&cp.apiserver_log(), window_s)?;
+    let each: Vec<String> = cost
+        .resources
+        .iter()
+        .filter(|(name, _)| {
+            checks::CHECKED
+                .iter()
+                .any(|(g, r)| checks::resource_name(g, r) == **name)
+        })
+        .map(|(name, r)| format!("{name} {}× {:.3} CPU-s", r.checks, r.cpu_s_per_check()))
+        .collect();
+    log(&format!(
+        "kube-apiserver's consistency checks in that window: {} (each, kube-apiserver + etcd); a minute of them: {}",
+        each.join(", "),
+        cost.cpu_s_per_min
+            .map_or("not every resource was checked".to_string(), |c| format!(
+                "{c:.4} CPU-s"
+            )),
+    ));
+    Ok((spend, Some(cost)))
 }

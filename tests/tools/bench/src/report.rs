@@ -11,6 +11,7 @@ use std::path::Path;
 use anyhow::{Context as _, Result};
 use serde::{Deserialize, Serialize};
 
+use super::checks::CheckCost;
 use super::inproc::InProcess;
 use super::plane::Spend;
 use super::{BenchOptions, Controller, Ghost, Kind, Phase, Resync};
@@ -106,9 +107,28 @@ pub struct RunResult {
     /// holds the p99 outside resyncs in the same process).
     #[serde(default)]
     pub churn_p99_during_resync_ms: Option<f64>,
+    /// What kube-apiserver's own consistency checks of pods, Services,
+    /// Endpoints, EndpointSlices and Nodes cost it and etcd, CPU seconds a
+    /// minute, in the window with no controller ([`crate::checks`]): the
+    /// floor that what a controller adds at rest is held against. The same
+    /// for every run of a bench.
+    #[serde(default)]
+    pub consistency_check_cpu_s_per_min: Option<f64>,
+    /// Those checks one by one: each resource's count and CPU in the window.
+    #[serde(default)]
+    pub consistency_check: Option<CheckCost>,
 }
 
 impl RunResult {
+    /// What the controller added to kube-apiserver's and etcd's CPU at rest
+    /// over what kube-apiserver's consistency checks of the same resources
+    /// cost them (issue target: at most 1).
+    pub fn plane_cpu_over_checks(&self) -> Option<f64> {
+        let added = self.apiserver_cpu_s_per_min_at_rest? + self.etcd_cpu_s_per_min_at_rest?;
+        let checks = self.consistency_check_cpu_s_per_min?;
+        (checks > 0.0).then(|| added / checks)
+    }
+
     /// Peak RSS over the pods of the workload, in bytes.
     pub fn rss_bytes_per_pod(&self) -> f64 {
         if self.pods == 0 {
@@ -280,6 +300,33 @@ pub(super) struct Parts<'a> {
     pub client_qps: Option<u32>,
     pub in_process: Option<InProcess>,
     pub baseline: Spend,
+    pub consistency_check: Option<CheckCost>,
+}
+
+/// A paragraph on kube-apiserver's own consistency checks in the window
+/// with no controller.
+fn checks_text(checks: &CheckCost) -> String {
+    let each: Vec<String> = super::checks::CHECKED
+        .iter()
+        .map(|(group, resource)| {
+            let name = super::checks::resource_name(group, resource);
+            match checks.resources.get(&name) {
+                Some(r) => format!("{resource} {}× {:.3} CPU-s", r.checks, r.cpu_s_per_check()),
+                None => format!("{resource} not checked"),
+            }
+        })
+        .collect();
+    let per_min = checks.cpu_s_per_min.map_or_else(
+        || "not measured (a resource had no check)".to_string(),
+        |c| format!("{c:.4} CPU-s"),
+    );
+    format!(
+        "kube-apiserver's consistency checks in the {:.0} s with no controller (kube-apiserver + etcd, each above their idle {:.3} CPU-s a second): {}; a minute of them, one check per resource every {:.0} s on average: {per_min}.\n\n",
+        checks.window_s,
+        checks.idle_cpu_s_per_s,
+        each.join(", "),
+        super::checks::MEAN_PERIOD_S,
+    )
 }
 
 /// Nearest-rank percentile of sorted values (0 when empty).
@@ -375,6 +422,11 @@ pub(super) fn assemble(parts: Parts<'_>) -> RunResult {
         response_bytes_per_min_at_rest: at_rest.map(|m| m.response_bytes),
         control_plane_baseline: at_rest.map(|_| parts.baseline),
         churn_p99_during_resync_ms,
+        consistency_check_cpu_s_per_min: parts
+            .consistency_check
+            .as_ref()
+            .and_then(|c| c.cpu_s_per_min),
+        consistency_check: parts.consistency_check,
     }
 }
 
@@ -678,6 +730,11 @@ pub fn markdown(kind: Kind, runs: &[RunResult]) -> String {
             1,
         );
         out += &optional(
+            "kube-apiserver + etcd CPU at rest, added, ÷ their consistency checks of the same resources",
+            &RunResult::plane_cpu_over_checks,
+            2,
+        );
+        out += &optional(
             "churn p99 during a resync (ms)",
             &|r| r.churn_p99_during_resync_ms,
             1,
@@ -703,6 +760,9 @@ pub fn markdown(kind: Kind, runs: &[RunResult]) -> String {
             any.churn_flips,
             missed.join(", ")
         );
+        if let Some(checks) = &any.consistency_check {
+            out += &checks_text(checks);
+        }
         out.push_str("| controller | phase | wall (s) | CPU (s) | writes | requests |\n|---|---|---|---|---|---|\n");
         for r in columns.iter().copied() {
             for name in ["cold", "churn", "steady"] {
@@ -1068,6 +1128,7 @@ mod tests {
             client_qps: (!guard).then_some(20),
             in_process: None,
             baseline: Spend::default(),
+            consistency_check: None,
         })
     }
 

@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! eg-bench [--size S|M|L|XL|N] [--kind endpoints|endpointslices|both] [--rate PODS_PER_S]
-//!          [--churn-secs N] [--steady-secs N] [--resync-secs N] [--out DIR]
+//!          [--churn-secs N] [--steady-secs N] [--check-window-secs N] [--resync-secs N] [--out DIR]
 //!          [--only CONTROLLER[,CONTROLLER]...] [--upstream-arg FLAG]...
 //!          [--guard-resync-secs N] [--guard-full-resync-secs N] [--ghost-scan-qps N] [--fast-qps N] [--repeat N]
 //!          [--ghost CONTROLLER[,CONTROLLER]...|none] [--ghost-kind endpoints|endpointslices|both|none]
@@ -15,7 +15,10 @@
 //! eg-bench --render [--out DIR]    # rewrite the report*.md from report*.json
 //! ```
 //!
-//! `--resync-secs` is the interval of the resync phase's fresh process;
+//! `--check-window-secs` is the least length of the window with no
+//! controller (default 480: one of kube-apiserver's consistency checks of
+//! every resource falls in it; 0: as long as steady, the checks not
+//! measured). `--resync-secs` is the interval of the resync phase's fresh process;
 //! `--guard-resync-secs`, `--guard-full-resync-secs` and `--ghost-scan-qps` set endpoints-guard's flags
 //! in its measured run (unset: the binary's defaults). `--ghost` names the
 //! controllers whose runs have the ghost phase (default endpoints-guard and
@@ -34,7 +37,7 @@ use eg_harness::binaries::workspace_root;
 
 fn usage() -> &'static str {
     "usage: eg-bench [--size S|M|L|XL|N] [--kind endpoints|endpointslices|both] [--rate N] \
-     [--churn-secs N] [--steady-secs N] \
+     [--churn-secs N] [--steady-secs N] [--check-window-secs N] \
      [--resync-secs N] [--out DIR] \
      [--only endpoints-guard|kube-controller-manager|kube-controller-manager-fast[,...]] \
      [--upstream-arg FLAG]... [--apiserver-arg FLAG]... [--guard-resync-secs N] [--guard-full-resync-secs N] [--ghost-scan-qps N] [--fast-qps N] [--repeat N] \
@@ -86,6 +89,7 @@ fn parse() -> Result<BenchOptions> {
             "--rate" => opts.churn_rate = value.parse().context("--rate")?,
             "--churn-secs" => opts.churn = secs(&value)?,
             "--steady-secs" => opts.steady = secs(&value)?,
+            "--check-window-secs" => opts.check_window = secs(&value)?,
             "--resync-secs" => opts.resync_phase_interval = secs(&value)?,
             "--guard-resync-secs" => opts.guard_resync_interval = Some(secs(&value)?),
             "--guard-full-resync-secs" => opts.guard_full_resync_interval = Some(secs(&value)?),
