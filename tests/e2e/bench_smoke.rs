@@ -184,11 +184,18 @@ async fn size_s_briefly() -> anyhow::Result<()> {
         "response_bytes_per_min_at_rest",
         "churn_p99_during_resync_ms",
         "consistency_check_cpu_s_per_min",
+        "apf_seats_per_min_at_rest",
     ] {
         assert!(json.contains(field), "report.json has no {field}");
     }
-    // The scan's reads are requests at rest.
+    // The scan's reads are requests at rest, and the resync's lists too:
+    // both charged seats by API Priority and Fairness.
     assert!(ours.api_requests_per_s_at_rest.unwrap_or(0.0) > 0.0);
+    assert!(
+        ours.apf_seats_per_min_at_rest.unwrap_or(0.0) > 0.0,
+        "{:?}",
+        ours.apf_seats_per_min_at_rest
+    );
     let theirs = of(Kind::Endpoints, Controller::Upstream);
     let md = report::markdown(Kind::Endpoints, &runs);
     assert!(

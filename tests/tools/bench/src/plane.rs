@@ -23,6 +23,10 @@ pub struct PlaneSample {
     response_bytes: f64,
     /// `apiserver_storage_consistency_checks_total`, every resource and status.
     consistency_checks: f64,
+    /// The seats API Priority and Fairness charged requests outside the
+    /// exempt priority level (the bench's own requests and kube-apiserver's
+    /// are exempt).
+    apf_seats: f64,
 }
 
 /// What the control plane spent over one window.
@@ -36,6 +40,10 @@ pub struct Spend {
     /// Consistency checks kube-apiserver ran on its watch caches.
     #[serde(default)]
     pub consistency_checks: f64,
+    /// Seats API Priority and Fairness charged requests outside the exempt
+    /// priority level: in a window with one controller, its requests.
+    #[serde(default)]
+    pub apf_seats: f64,
 }
 
 /// The three figures of a [`Spend`]: over a minute, or in total.
@@ -44,6 +52,7 @@ pub struct Cost {
     pub apiserver_cpu_s: f64,
     pub etcd_cpu_s: f64,
     pub response_bytes: f64,
+    pub apf_seats: f64,
 }
 
 impl PlaneSample {
@@ -66,6 +75,9 @@ impl PlaneSample {
             // The series appear with the first check.
             consistency_checks: sample_sum(&text, "apiserver_storage_consistency_checks_total")
                 .unwrap_or(0.0),
+            apf_seats: sample_sum(&text, SEATS).unwrap_or(0.0)
+                - sample_sum(&text, &format!("{SEATS}{{priority_level=\"exempt\"}}"))
+                    .unwrap_or(0.0),
         })
     }
 
@@ -85,9 +97,14 @@ impl PlaneSample {
             etcd_cpu_s,
             response_bytes: grown(self.response_bytes, earlier.response_bytes),
             consistency_checks: grown(self.consistency_checks, earlier.consistency_checks),
+            apf_seats: grown(self.apf_seats, earlier.apf_seats),
         }
     }
 }
+
+/// The seats API Priority and Fairness estimated for each request, summed
+/// (each request's larger of its initial and final seats).
+const SEATS: &str = "apiserver_flowcontrol_work_estimated_seats_sum";
 
 /// kube-apiserver's `/metrics`, as text.
 pub async fn apiserver_metrics(client: &Client) -> Result<String> {
@@ -117,6 +134,7 @@ impl Cost {
             apiserver_cpu_s: self.apiserver_cpu_s + other.apiserver_cpu_s * per_min,
             etcd_cpu_s: self.etcd_cpu_s + other.etcd_cpu_s * per_min,
             response_bytes: self.response_bytes + other.response_bytes * per_min,
+            apf_seats: self.apf_seats + other.apf_seats * per_min,
         }
     }
 }
@@ -136,6 +154,7 @@ impl Spend {
             apiserver_cpu_s: self.per_min(self.apiserver_cpu_s),
             etcd_cpu_s: self.per_min(self.etcd_cpu_s),
             response_bytes: self.per_min(self.response_bytes),
+            apf_seats: self.per_min(self.apf_seats),
         }
     }
 
@@ -153,6 +172,7 @@ impl Spend {
             apiserver_cpu_s: self.apiserver_cpu_s - rate(baseline.apiserver_cpu_s),
             etcd_cpu_s: self.etcd_cpu_s - rate(baseline.etcd_cpu_s),
             response_bytes: self.response_bytes - rate(baseline.response_bytes),
+            apf_seats: self.apf_seats - rate(baseline.apf_seats),
         }
     }
 
@@ -165,6 +185,7 @@ impl Spend {
             apiserver_cpu_s: with.apiserver_cpu_s - without.apiserver_cpu_s,
             etcd_cpu_s: with.etcd_cpu_s - without.etcd_cpu_s,
             response_bytes: with.response_bytes - without.response_bytes,
+            apf_seats: with.apf_seats - without.apf_seats,
         }
     }
 }
@@ -180,6 +201,7 @@ mod tests {
             etcd_cpu_s: etcd,
             response_bytes: bytes,
             consistency_checks: 0.0,
+            apf_seats: bytes / 1000.0,
         }
     }
 
@@ -192,6 +214,7 @@ mod tests {
         assert!((added.apiserver_cpu_s - 1.0).abs() < 1e-9);
         assert!((added.etcd_cpu_s - 0.5).abs() < 1e-9);
         assert!((added.response_bytes - 900_000.0).abs() < 1e-6);
+        assert!((added.apf_seats - 900.0).abs() < 1e-9);
         // Noise below the baseline stays visible.
         let less = spend(60.0, 0.5, 0.5, 0.0).attributable_per_min(&baseline);
         assert!(less.apiserver_cpu_s < 0.0);
@@ -210,6 +233,7 @@ mod tests {
         // Every 20 minutes: a twentieth of it a minute.
         let at_rest = Cost::default().plus_spread(added, 1200.0);
         assert!((at_rest.apiserver_cpu_s - 0.14).abs() < 1e-9);
+        assert!((at_rest.apf_seats - 49.4).abs() < 1e-9);
         assert_eq!(Cost::default().plus_spread(added, 0.0), Cost::default());
     }
 

@@ -98,6 +98,10 @@ pub struct RunResult {
     /// but watches).
     #[serde(default)]
     pub response_bytes_per_min_at_rest: Option<f64>,
+    /// The seats API Priority and Fairness charged the controller's requests
+    /// a minute at rest (counted as the figures above).
+    #[serde(default)]
+    pub apf_seats_per_min_at_rest: Option<f64>,
     /// The control plane at rest with no controller, the figures above
     /// are measured against.
     #[serde(default)]
@@ -420,6 +424,7 @@ pub(super) fn assemble(parts: Parts<'_>) -> RunResult {
         apiserver_cpu_s_per_min_at_rest: at_rest.map(|m| m.apiserver_cpu_s),
         etcd_cpu_s_per_min_at_rest: at_rest.map(|m| m.etcd_cpu_s),
         response_bytes_per_min_at_rest: at_rest.map(|m| m.response_bytes),
+        apf_seats_per_min_at_rest: at_rest.map(|m| m.apf_seats),
         control_plane_baseline: at_rest.map(|_| parts.baseline),
         churn_p99_during_resync_ms,
         consistency_check_cpu_s_per_min: parts
@@ -727,6 +732,11 @@ pub fn markdown(kind: Kind, runs: &[RunResult]) -> String {
         out += &optional(
             "response KiB a minute at rest, added",
             &|r| r.response_bytes_per_min_at_rest.map(|b| b / 1024.0),
+            1,
+        );
+        out += &optional(
+            "APF seats a minute at rest",
+            &|r| r.apf_seats_per_min_at_rest,
             1,
         );
         out += &optional(
