@@ -7,9 +7,9 @@
 //! same resourceVersion in pages of 10,000, and compares digests. Turning
 //! the check off and comparing two windows would bury a check's cost in
 //! the windows' noise (seconds of CPU against fractions of one), so the
-//! check is timed instead. kube-apiserver logs each finished check at
-//! verbosity 3 ([`APISERVER_ARGS`] raise it for the checker's file alone),
-//! and [`Trace`] samples kube-apiserver's and etcd's CPU every
+//! check is timed instead. kube-apiserver logs each check that passed or
+//! failed at verbosity 3 ([`APISERVER_ARGS`] raise it for the checker's
+//! file alone) and each that ended in an error at any verbosity, and [`Trace`] samples kube-apiserver's and etcd's CPU every
 //! [`SAMPLE_EVERY`]. A check's cost ([`attribute`]) is the CPU above the
 //! idle rate in the sample holding its log line and the busy samples just
 //! before it; a minute's cost is each checked resource's mean per check
@@ -73,7 +73,14 @@ pub struct CheckCost {
 /// One resource's checks in the window, and their cost in total.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ResourceChecks {
+    /// Every check that ended, those that ended in an error included.
     pub checks: u32,
+    /// Checks that ended in an error before comparing: the cache not ready,
+    /// or etcd refusing the list at the cache's resourceVersion (compacted
+    /// away: with `--etcd-compaction-interval` as short as a minute, a
+    /// resource no one writes to has its cache's resourceVersion compacted).
+    #[serde(default)]
+    pub errors: u32,
     pub apiserver_cpu_s: f64,
     pub etcd_cpu_s: f64,
 }
@@ -105,14 +112,15 @@ impl CpuStep {
     }
 }
 
-/// A check kube-apiserver logged as finished (passed or failed: both did
-/// the work).
+/// A check kube-apiserver logged as ended: passed or failed (both did the
+/// work), or ended in an error partway.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CheckDone {
     /// Seconds since the Unix epoch.
     pub at_s: f64,
     /// `group/resource`, the core group as `core`.
     pub resource: String,
+    pub erred: bool,
 }
 
 /// The name a resource goes by in [`CheckCost::resources`].
@@ -121,22 +129,28 @@ pub fn resource_name(group: &str, resource: &str) -> String {
     format!("{group}/{resource}")
 }
 
-/// The finished checks in a kube-apiserver log (klog's text format, in
+/// The checks that ended in a kube-apiserver log (klog's text format, in
 /// UTC). klog's header has no year: each line's time of day is placed on
 /// the day that brings it nearest `near_s`.
 pub fn parse_checks(log: &str, near_s: f64) -> Vec<CheckDone> {
     log.lines()
-        .filter(|line| {
-            line.contains("\"Cache consistency check passed\"")
-                || line.contains("\"Cache consistency check failed\"")
-        })
         .filter_map(|line| {
+            let erred = if line.contains("\"Cache consistency check passed\"")
+                || line.contains("\"Cache consistency check failed\"")
+            {
+                false
+            } else if line.contains("\"Cache consistency check error\"") {
+                true
+            } else {
+                return None;
+            };
             let at_s = klog_time(line, near_s)?;
             let group = quoted_value(line, "group")?;
             let resource = quoted_value(line, "resource")?;
             Some(CheckDone {
                 at_s,
                 resource: resource_name(group, resource),
+                erred,
             })
         })
         .collect()
@@ -225,10 +239,10 @@ pub fn attribute(steps: &[CpuStep], checks: &[CheckDone], window_s: f64) -> Chec
     }
     let mut resources: BTreeMap<String, ResourceChecks> = BTreeMap::new();
     for (check, _) in &ends {
-        resources
-            .entry(checks[*check].resource.clone())
-            .or_default()
-            .checks += 1;
+        let check = &checks[*check];
+        let entry = resources.entry(check.resource.clone()).or_default();
+        entry.checks += 1;
+        entry.errors += u32::from(check.erred);
     }
     for (step, claimants) in steps.iter().zip(&claims) {
         if claimants.is_empty() {

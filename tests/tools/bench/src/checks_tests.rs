@@ -18,18 +18,26 @@ I1129 23:01:09.000000   4242 delegator.go:342] "Cache consistency check passed" 
         vec![
             CheckDone {
                 at_s: T0 + 62.25,
-                resource: "core/pods".into()
+                resource: "core/pods".into(),
+                erred: false,
             },
             CheckDone {
                 at_s: T0 + 67.5,
-                resource: "discovery.k8s.io/endpointslices".into()
+                resource: "discovery.k8s.io/endpointslices".into(),
+                erred: false,
+            },
+            CheckDone {
+                at_s: T0 + 68.0,
+                resource: "core/services".into(),
+                erred: true,
             },
             CheckDone {
                 at_s: T0 + 69.0,
-                resource: "core/endpoints".into()
+                resource: "core/endpoints".into(),
+                erred: false,
             },
         ],
-        "a check that started or erred did not finish its work"
+        "a check that only started has not ended"
     );
 }
 
@@ -58,6 +66,7 @@ fn check(at_s: f64, resource: &str) -> CheckDone {
     CheckDone {
         at_s,
         resource: resource_name("", resource),
+        erred: false,
     }
 }
 
@@ -105,6 +114,8 @@ fn checks_in_one_step_share_it_and_a_minute_spreads_each_over_the_period() {
         checks.push(CheckDone {
             at_s: steps[step].at_s - 0.1,
             resource: resource_name(group, resource),
+            // An error still counts, and costs what it spent.
+            erred: *resource == "nodes",
         });
     }
     // A second resource checked within the same busy step as the pods.
@@ -116,6 +127,7 @@ fn checks_in_one_step_share_it_and_a_minute_spreads_each_over_the_period() {
         (pods.apiserver_cpu_s - 0.3).abs() < 0.01,
         "{pods:?}: half the step"
     );
+    assert_eq!((pods.errors, cost.resources["core/nodes"].errors), (0, 1));
     assert!((cost.resources["core/configmaps"].apiserver_cpu_s - 0.3).abs() < 0.01);
     let per_min = cost
         .cpu_s_per_min

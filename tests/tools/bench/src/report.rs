@@ -315,6 +315,12 @@ fn checks_text(checks: &CheckCost) -> String {
         .map(|(group, resource)| {
             let name = super::checks::resource_name(group, resource);
             match checks.resources.get(&name) {
+                Some(r) if r.errors > 0 => format!(
+                    "{resource} {}× {:.3} CPU-s ({} ended in an error)",
+                    r.checks,
+                    r.cpu_s_per_check(),
+                    r.errors
+                ),
                 Some(r) => format!("{resource} {}× {:.3} CPU-s", r.checks, r.cpu_s_per_check()),
                 None => format!("{resource} not checked"),
             }
