@@ -1148,23 +1148,6 @@ async fn rest_baseline(
         return Ok((spend, None));
     };
     let cost = trace.finish(&cp.apiserver_log(), window_s)?;
-    let each: Vec<String> = cost
-        .resources
-        .iter()
-        .filter(|(name, _)| {
-            checks::CHECKED
-                .iter()
-                .any(|(g, r)| checks::resource_name(g, r) == **name)
-        })
-        .map(|(name, r)| format!("{name} {}× {:.3} CPU-s", r.checks, r.cpu_s_per_check()))
-        .collect();
-    log(&format!(
-        "kube-apiserver's consistency checks in that window: {} (each, kube-apiserver + etcd); a minute of them: {}",
-        each.join(", "),
-        cost.cpu_s_per_min
-            .map_or("not every resource was checked".to_string(), |c| format!(
-                "{c:.4} CPU-s"
-            )),
-    ));
+    log(report::checks_text(&cost).trim_end());
     Ok((spend, Some(cost)))
 }

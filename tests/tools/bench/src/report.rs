@@ -309,7 +309,7 @@ pub(super) struct Parts<'a> {
 
 /// A paragraph on kube-apiserver's own consistency checks in the window
 /// with no controller.
-fn checks_text(checks: &CheckCost) -> String {
+pub(crate) fn checks_text(checks: &CheckCost) -> String {
     let each: Vec<String> = super::checks::CHECKED
         .iter()
         .map(|(group, resource)| {
