@@ -16,7 +16,6 @@
 //! over the mean period between checks ([`MEAN_PERIOD_S`]).
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, Result};
@@ -276,9 +275,8 @@ pub fn attribute(steps: &[CpuStep], checks: &[CheckDone], window_s: f64) -> Chec
 /// kube-apiserver's and etcd's CPU, sampled every [`SAMPLE_EVERY`] in the
 /// background until [`Trace::finish`].
 pub struct Trace {
-    steps: Arc<Mutex<Vec<CpuStep>>>,
-    errors: Arc<Mutex<Vec<String>>>,
-    task: tokio::task::JoinHandle<()>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<Vec<CpuStep>>>,
 }
 
 fn now_s() -> f64 {
@@ -303,61 +301,39 @@ impl Trace {
             .apiserver_pid()
             .context("kube-apiserver is not running")?;
         let etcd = cp.etcd_pids();
-        let steps = Arc::new(Mutex::new(Vec::new()));
-        let errors = Arc::new(Mutex::new(Vec::new()));
-        let (steps_out, errors_out) = (steps.clone(), errors.clone());
+        let (stop, mut stopped) = tokio::sync::oneshot::channel();
         let mut last = sample(apiserver, &etcd)?;
         let mut last_at = now_s();
         let task = tokio::spawn(async move {
+            let mut steps = Vec::new();
             let mut tick = tokio::time::interval(SAMPLE_EVERY);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             tick.tick().await;
             loop {
-                tick.tick().await;
-                let at_s = now_s();
-                match sample(apiserver, &etcd) {
-                    Ok(now) => {
-                        let step = CpuStep {
-                            at_s,
-                            dt_s: at_s - last_at,
-                            apiserver_s: now.0.since(&last.0).0,
-                            etcd_s: now.1.iter().zip(&last.1).map(|(n, l)| n.since(l).0).sum(),
-                        };
-                        steps_out
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .push(step);
-                        (last, last_at) = (now, at_s);
-                    }
-                    Err(err) => {
-                        errors_out
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .push(format!("{err:#}"));
-                        return;
-                    }
+                tokio::select! {
+                    _ = &mut stopped => return Ok(steps),
+                    _ = tick.tick() => {}
                 }
+                let at_s = now_s();
+                let now =
+                    sample(apiserver, &etcd).context("sampling kube-apiserver's and etcd's CPU")?;
+                steps.push(CpuStep {
+                    at_s,
+                    dt_s: at_s - last_at,
+                    apiserver_s: now.0.since(&last.0).0,
+                    etcd_s: now.1.iter().zip(&last.1).map(|(n, l)| n.since(l).0).sum(),
+                });
+                (last, last_at) = (now, at_s);
             }
         });
-        Ok(Self {
-            steps,
-            errors,
-            task,
-        })
+        Ok(Self { stop, task })
     }
 
     /// Stops sampling; what the checks logged in `apiserver_log` meanwhile cost.
-    pub fn finish(self, apiserver_log: &std::path::Path, window_s: f64) -> Result<CheckCost> {
-        self.task.abort();
-        if let Some(err) = self
-            .errors
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .first()
-        {
-            anyhow::bail!("sampling kube-apiserver's and etcd's CPU: {err}");
-        }
-        let steps = std::mem::take(&mut *self.steps.lock().unwrap_or_else(PoisonError::into_inner));
+    pub async fn finish(self, apiserver_log: &std::path::Path, window_s: f64) -> Result<CheckCost> {
+        // A task that already ended on an error has dropped the receiver.
+        let _ = self.stop.send(());
+        let steps = self.task.await.context("the CPU sampling task")??;
         let (Some(first), Some(last)) = (steps.first(), steps.last()) else {
             anyhow::bail!("no CPU samples of kube-apiserver and etcd");
         };

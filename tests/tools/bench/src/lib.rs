@@ -1147,7 +1147,7 @@ async fn rest_baseline(
     let Some(trace) = trace else {
         return Ok((spend, None));
     };
-    let cost = trace.finish(&cp.apiserver_log(), window_s)?;
+    let cost = trace.finish(&cp.apiserver_log(), window_s).await?;
     log(report::checks_text(&cost).trim_end());
     Ok((spend, Some(cost)))
 }
