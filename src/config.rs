@@ -194,6 +194,17 @@ pub struct Config {
     #[arg(long, env = "EG_GHOST_SCAN_PERIOD", default_value = "30m", value_parser = parse_duration)]
     pub ghost_scan_period: Duration,
 
+    /// How often to ask whether etcd was compacted since the last audit (one
+    /// one-item LIST per resource). After each compaction, the metadata of
+    /// pods and Services is listed once at the compaction revision, which
+    /// kube-apiserver serves from etcd, and what the ghost scan would read
+    /// is compared with it: a ghost is found within about two compaction
+    /// intervals (kube-apiserver's --etcd-compaction-interval, 5 minutes by
+    /// default) plus this, whether or not kube-apiserver checks its watch
+    /// cache (docs/ghosts.md). 0 turns the audit off.
+    #[arg(long, env = "EG_COMPACTION_AUDIT_INTERVAL", default_value = "1m", value_parser = parse_duration)]
+    pub compaction_audit_interval: Duration,
+
     /// Client-side limit of requests a second to the API server (as
     /// kube-controller-manager's flag of the same name); 0, the default: no
     /// client-side limit, the API server's priority and fairness decides.

@@ -238,6 +238,7 @@ pub async fn start(
         tasks.spawn(ghost_scan::run(
             ctx.clone(),
             ghost_scan,
+            cfg.compaction_audit_interval,
             shutdown_main.clone(),
         ));
         stopped(&mut shutdown_main).await;

@@ -17,6 +17,7 @@ use prometheus::{
 
 use crate::desired::scope::{Invalid, OptInState};
 use crate::error::{Error, Result};
+use crate::reconcile::ghost_scan::{AuditResult, SCANNED};
 use crate::settings::Controller;
 use hardened_watcher::{DriftKind, RestartReason, StaleReason};
 
@@ -143,6 +144,8 @@ pub struct Metrics {
     pub ghosts_found: IntCounterVec,
     pub ghost_scan_reads: IntCounter,
     pub ghost_scan_pass_seconds: Gauge,
+    pub compaction_audits: IntCounterVec,
+    pub compaction_audit_suspects: IntCounterVec,
     pub endpoints_restored: IntCounter,
     pub opt_in_frozen: IntGaugeVec,
     pub opted_in_services: IntGaugeVec,
@@ -412,6 +415,20 @@ impl Metrics {
                 "ghost_scan_pass_seconds",
                 "How long the last complete pass of the ghost scan over every pod named by our Endpoints and every Service with Endpoints took.",
             ))?,
+            compaction_audits: IntCounterVec::new(
+                opts(
+                    "compaction_audits_total",
+                    "Compaction audits, by resource and result: unchanged (etcd not compacted since the last), listed (listed at the new compaction revision, read from etcd), failed.",
+                ),
+                &["resource", "result"],
+            )?,
+            compaction_audit_suspects: IntCounterVec::new(
+                opts(
+                    "compaction_audit_suspects_total",
+                    "Cached pods and Services whose state etcd contradicted at a compaction revision; each is then read as the ghost scan reads. By resource.",
+                ),
+                &["resource"],
+            )?,
             endpoints_restored: IntCounter::with_opts(opts(
                 "endpoints_restored_total",
                 "Endpoints of ours that someone else deleted while their Service was handled (kube-controller-manager's Endpoints controller on a stale cache, in opt-in scope), made again.",
@@ -480,6 +497,14 @@ impl Metrics {
         zero(&self.store_rewinds, &[RESOURCES])?;
         zero(&self.ghosts_found, &[RESOURCES])?;
         zero(
+            &self.compaction_audits,
+            &[
+                &SCANNED,
+                &labels_of(&AuditResult::ALL, |r| r.metric_label()),
+            ],
+        )?;
+        zero(&self.compaction_audit_suspects, &[&SCANNED])?;
+        zero(
             &self.opt_in_frozen,
             &[&labels_of(&Invalid::ALL, |i| i.metric_label())],
         )?;
@@ -526,6 +551,8 @@ impl Metrics {
         r.register(Box::new(self.ghosts_found.clone()))?;
         r.register(Box::new(self.ghost_scan_reads.clone()))?;
         r.register(Box::new(self.ghost_scan_pass_seconds.clone()))?;
+        r.register(Box::new(self.compaction_audits.clone()))?;
+        r.register(Box::new(self.compaction_audit_suspects.clone()))?;
         r.register(Box::new(self.endpoints_restored.clone()))?;
         r.register(Box::new(self.opt_in_frozen.clone()))?;
         r.register(Box::new(self.opted_in_services.clone()))?;
@@ -540,6 +567,20 @@ impl Metrics {
             .encode(&self.registry.gather(), &mut buf)
             .map_err(|e| Error::Config(format!("encoding metrics: {e}")))?;
         String::from_utf8(buf).map_err(|e| Error::Config(format!("encoding metrics: {e}")))
+    }
+
+    /// One compaction audit of `resource` ended as `result`.
+    pub(crate) fn compaction_audit(&self, resource: &str, result: AuditResult) {
+        self.compaction_audits
+            .with_label_values(&[resource, result.metric_label()])
+            .inc();
+    }
+
+    /// A compaction audit of `resource` found `found` suspects.
+    pub(crate) fn compaction_audit_suspects(&self, resource: &str, found: usize) {
+        self.compaction_audit_suspects
+            .with_label_values(&[resource])
+            .inc_by(u64::try_from(found).unwrap_or(u64::MAX));
     }
 }
 

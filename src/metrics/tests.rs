@@ -188,6 +188,14 @@ fn every_fixed_label_value_is_exported() {
         ("store_rewinds_total", every(&[RESOURCES])),
         ("ghosts_found_total", every(&[RESOURCES])),
         (
+            "compaction_audits_total",
+            every(&[&["pods", "services"], &["failed", "listed", "unchanged"]]),
+        ),
+        (
+            "compaction_audit_suspects_total",
+            every(&[&["pods", "services"]]),
+        ),
+        (
             "opt_in_frozen_services",
             every(&[&labels_of(&Invalid::ALL, |i| i.metric_label())]),
         ),

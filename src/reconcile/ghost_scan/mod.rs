@@ -84,8 +84,15 @@ macro_rules! per_kind {
     };
 }
 
+mod compacted;
+
+/// The resources the scan and the compaction audit read.
+pub(crate) const SCANNED: [&str; 2] = [Kind::Pod.resource(), Kind::Service.resource()];
+
+pub(crate) use compacted::AuditResult;
+
 impl Kind {
-    fn resource(self) -> &'static str {
+    const fn resource(self) -> &'static str {
         match self {
             Kind::Pod => <PodKind as kinds::Kind>::RESOURCE,
             Kind::Service => <ServiceKind as kinds::Kind>::RESOURCE,
@@ -106,12 +113,25 @@ use pace::ROUND_CONCURRENCY;
 use plan::{Read, Scan, Verdict, still_behind, verdict};
 use targets::targets;
 
-/// Runs the scan until shutdown.
-pub async fn run(ctx: Arc<Context>, pace: Pace, mut shutdown: watch::Receiver<bool>) {
-    if pace.qps <= 0.0 {
+/// Runs the scan, and the compaction audit every `audit_every` (zero: off),
+/// until shutdown. With the scan's reads off (`qps` 0) the audit's suspects
+/// are still read, at the floor's pace.
+pub async fn run(
+    ctx: Arc<Context>,
+    pace: Pace,
+    audit_every: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let scanning = pace.qps > 0.0;
+    let mut audit = compacted::Audit::new(audit_every);
+    if !scanning && audit.is_none() {
         return;
     }
-    let mut rounds = pace.rounds(0);
+    let suspects_only = Pace {
+        qps: pace::MIN_QPS,
+        period: Duration::ZERO,
+    };
+    let mut rounds = if scanning { pace } else { suspects_only }.rounds(0);
     let mut next_round = Instant::now();
     let mut scan = Scan {
         pass: VecDeque::new(),
@@ -122,10 +142,13 @@ pub async fn run(ctx: Arc<Context>, pace: Pace, mut shutdown: watch::Receiver<bo
     loop {
         // A repair is due `CATCH_UP` after its read, not at the next round:
         // the drain of a deleted pod's server may be shorter than a round.
-        let wake = scan
+        let mut wake = scan
             .behind
             .front()
             .map_or(next_round, |(at, _, _)| (*at).min(next_round));
+        if let Some(audit) = &audit {
+            wake = wake.min(audit.next());
+        }
         tokio::select! {
             () = tokio::time::sleep_until(wake.into()) => {}
             () = stopped(&mut shutdown) => return,
@@ -137,14 +160,28 @@ pub async fn run(ctx: Arc<Context>, pace: Pace, mut shutdown: watch::Receiver<bo
             if now >= next_round {
                 next_round = now + rounds.interval;
             }
+            if let Some(audit) = &mut audit {
+                audit.postpone(now);
+            }
             continue;
+        }
+        if let Some(audit) = &mut audit {
+            let found = audit.run_if_due(&ctx, now).await;
+            let reads = found
+                .into_iter()
+                .map(|target| Read::Check {
+                    target,
+                    second: false,
+                })
+                .collect();
+            run_reads(&ctx, &mut scan, reads).await;
         }
         if now < next_round {
             let repairs = scan.due_repairs(now);
             run_reads(&ctx, &mut scan, repairs).await;
             continue;
         }
-        if scan.pass.is_empty() {
+        if scanning && scan.pass.is_empty() {
             let took = scan.pass_started.elapsed().as_secs_f64();
             ctx.metrics.ghost_scan_pass_seconds.set(took);
             scan.pass = targets(&ctx).into();

@@ -1,0 +1,419 @@
+//! The compaction audit: a LIST that reaches etcd once per compaction of
+//! etcd, for ghosts the watch cache serves where nothing else does.
+//!
+//! kube-apiserver compacts etcd to the revision of its own previous
+//! compaction write (`compact_rev_key`, k8s.io/apiserver `etcd3/compact.go`,
+//! every `--etcd-compaction-interval`, 5 minutes by default), and its watch
+//! cache then drops every snapshot below that revision (`cacher/compactor.go`,
+//! polled every 15 s). No pod or Service was written at that revision, so no
+//! snapshot covers it, and a LIST at exactly that revision is served by etcd
+//! (`cacher.go`, `shouldDelegateExactRV`) however busy the resource is, and
+//! whether or not kube-apiserver checks its cache (`DetectCacheInconsistency`).
+//! Below it an exact LIST answers 410, at or above it it is served: the
+//! revision is found by bisection with one-item LISTs, and, once known, one
+//! one-item LIST at it a period tells whether etcd was compacted since.
+//!
+//! When it was, the objects' metadata at the new revision is listed (pages of
+//! `PAGE`), and every scan target whose cached state is at or below that
+//! revision is compared with it: one the list lacks, or holds as another
+//! incarnation or a newer state, is read at once as the scan reads (a ghost
+//! is confirmed by two reads, a stale state repaired from a whole one). A
+//! ghost is found within about two compaction intervals of its DELETE, plus
+//! `--compaction-audit-interval`: the DELETE's revision has to be below the
+//! compaction revision (docs/ghosts.md). Only the leader audits, as only it
+//! scans.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use hardened_watcher::{ObjectKey, compare_rv};
+use kube::api::{ListParams, VersionMatch};
+use tracing::{debug, info, warn};
+
+use super::{Kind, Target};
+use crate::reconcile::Context;
+use crate::reconcile::kinds::{self, PodKind, ServiceKind};
+
+/// Items per page of the list at the compaction revision.
+const PAGE: u32 = 500;
+
+/// When the audit runs and what it found last, per kind.
+pub(super) struct Audit {
+    every: Duration,
+    next: Instant,
+    /// The compaction revision each kind was last listed at.
+    listed_at: HashMap<Kind, u64>,
+    /// The kinds whose last audit failed: a failure is logged when it
+    /// starts, and again when it ends.
+    failing: HashSet<Kind>,
+}
+
+/// What one audit of one kind did: the metric label of
+/// `endpoints_guard_compaction_audits_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AuditResult {
+    /// etcd was not compacted since the last list.
+    Unchanged,
+    /// Listed at a new compaction revision.
+    Listed,
+    /// A request failed, or the revisions are not numbers; tried again next
+    /// period.
+    Failed,
+}
+
+impl AuditResult {
+    pub(crate) const ALL: [AuditResult; 3] = [
+        AuditResult::Unchanged,
+        AuditResult::Listed,
+        AuditResult::Failed,
+    ];
+
+    pub(crate) fn metric_label(self) -> &'static str {
+        match self {
+            AuditResult::Unchanged => "unchanged",
+            AuditResult::Listed => "listed",
+            AuditResult::Failed => "failed",
+        }
+    }
+}
+
+impl Audit {
+    /// Off when `every` is zero.
+    pub(super) fn new(every: Duration) -> Option<Self> {
+        (!every.is_zero()).then(|| Self {
+            every,
+            next: Instant::now() + every,
+            listed_at: HashMap::new(),
+            failing: HashSet::new(),
+        })
+    }
+
+    pub(super) fn next(&self) -> Instant {
+        self.next
+    }
+
+    /// Not leading: the period starts again.
+    pub(super) fn postpone(&mut self, now: Instant) {
+        if now >= self.next {
+            self.next = now + self.every;
+        }
+    }
+
+    /// Audits every kind the scan reads, if due; returns the targets to read
+    /// now.
+    pub(super) async fn run_if_due(&mut self, ctx: &Context, now: Instant) -> Vec<Target> {
+        if now < self.next {
+            return Vec::new();
+        }
+        self.next = now + self.every;
+        let mut listings = Vec::new();
+        for kind in [Kind::Pod, Kind::Service] {
+            let last = self.listed_at.get(&kind).copied();
+            let result = per_kind!(kind, listing(ctx, last).await);
+            let resource = kind.resource();
+            let label = match result {
+                Ok(None) => AuditResult::Unchanged,
+                Ok(Some(listing)) => {
+                    self.listed_at.insert(kind, listing.revision);
+                    listings.push((kind, listing));
+                    AuditResult::Listed
+                }
+                Err(err) if self.failing.insert(kind) => {
+                    warn!(resource, error = %err, "compaction audit failed: ghosts are left to the resync and the ghost scan until it succeeds; tried again every period");
+                    AuditResult::Failed
+                }
+                Err(err) => {
+                    debug!(resource, error = %err, "compaction audit failed again");
+                    AuditResult::Failed
+                }
+            };
+            if label != AuditResult::Failed && self.failing.remove(&kind) {
+                info!(resource, "compaction audit succeeded again");
+            }
+            ctx.metrics.compaction_audit(resource, label);
+        }
+        if listings.is_empty() {
+            return Vec::new();
+        }
+        let targets = super::targets(ctx);
+        let mut reads = Vec::new();
+        for (kind, listing) in listings {
+            let revision = listing.revision.to_string();
+            let found: Vec<Target> = targets
+                .iter()
+                .filter(|t| t.kind == kind)
+                .filter(|t| {
+                    super::cached_meta(ctx, t).is_some_and(|(uid, rv)| {
+                        disagrees(listing.objects.get(&t.key), (&uid, &rv), &revision)
+                    })
+                })
+                .cloned()
+                .collect();
+            if !found.is_empty() {
+                info!(resource = kind.resource(), revision = %revision, suspects = found.len(), "compaction audit: etcd disagrees with the cache; reading them");
+                ctx.metrics
+                    .compaction_audit_suspects(kind.resource(), found.len());
+            }
+            reads.extend(found);
+        }
+        reads
+    }
+}
+
+/// The objects' metadata at a compaction revision.
+struct Listing {
+    revision: u64,
+    /// key → (UID, resourceVersion).
+    objects: HashMap<ObjectKey, (String, String)>,
+}
+
+/// Whether etcd's state at the compaction revision `revision`, `listed`
+/// (`None`: no object of that key), contradicts what the cache holds,
+/// `cached` (UID, resourceVersion) (pure). A cached state newer than the
+/// revision is not covered by the list.
+pub(super) fn disagrees(
+    listed: Option<&(String, String)>,
+    cached: (&str, &str),
+    revision: &str,
+) -> bool {
+    let (cached_uid, cached_rv) = cached;
+    if compare_rv(cached_rv, revision).is_none_or(|o| o.is_gt()) {
+        return false;
+    }
+    match listed {
+        None => true,
+        Some((uid, rv)) => {
+            uid != cached_uid || compare_rv(rv, cached_rv).is_some_and(|o| o.is_gt())
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum AuditError {
+    #[error(transparent)]
+    Request(#[from] kube::Error),
+    #[error("resourceVersion {0:?} is not a revision")]
+    NotARevision(String),
+    #[error("no revision at or below {0} answered")]
+    NothingServed(u64),
+}
+
+/// One page of a metadata list, reduced to what the audit compares.
+#[derive(serde::Deserialize)]
+struct MetaPage {
+    #[serde(default)]
+    metadata: PageMeta,
+    /// `null` when the list is empty.
+    #[serde(default)]
+    items: Option<Vec<ItemMeta>>,
+}
+
+#[derive(Default, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PageMeta {
+    resource_version: Option<String>,
+    #[serde(rename = "continue")]
+    continue_: Option<String>,
+}
+
+#[derive(serde::Deserialize)]
+struct ItemMeta {
+    #[serde(default)]
+    metadata: ItemFields,
+}
+
+#[derive(Default, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ItemFields {
+    #[serde(default)]
+    namespace: String,
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    uid: String,
+    #[serde(default)]
+    resource_version: String,
+}
+
+/// How a LIST at an exact revision ended.
+enum Exact {
+    Page(MetaPage),
+    /// 410: etcd has compacted past it.
+    Compacted,
+}
+
+/// A metadata LIST of `K`: at exactly `revision`, or consistent (`None`).
+async fn list_meta<K: kinds::Kind>(
+    ctx: &Context,
+    revision: Option<u64>,
+    limit: u32,
+    continue_token: Option<&str>,
+) -> Result<Exact, kube::Error> {
+    let mut params = ListParams::default().limit(limit);
+    if let Some(revision) = revision {
+        params = params
+            .at(&revision.to_string())
+            .matching(VersionMatch::Exact);
+    }
+    if let Some(token) = continue_token {
+        params = params.continue_token(token);
+    }
+    let url = <K::Object as kube::Resource>::url_path(&(), None);
+    let mut req = kube::core::Request::new(url)
+        .list_metadata(&params)
+        .map_err(kube::Error::BuildRequest)?;
+    req.extensions_mut().insert("compaction_audit");
+    match ctx.client.request::<MetaPage>(req).await {
+        Ok(page) => Ok(Exact::Page(page)),
+        Err(kube::Error::Api(status)) if status.code == 410 => Ok(Exact::Compacted),
+        Err(err) => Err(err),
+    }
+}
+
+/// The listing at the compaction revision when it moved past `last`;
+/// `None` when it did not.
+async fn listing<K: kinds::Kind>(
+    ctx: &Context,
+    last: Option<u64>,
+) -> Result<Option<Listing>, AuditError> {
+    if let Some(last) = last
+        && let Exact::Page(_) = list_meta::<K>(ctx, Some(last), 1, None).await?
+    {
+        return Ok(None);
+    }
+    let Exact::Page(now) = list_meta::<K>(ctx, None, 1, None).await? else {
+        return Err(AuditError::NothingServed(0));
+    };
+    let newest = revision(now.metadata.resource_version.as_deref())?;
+    let revision = compaction_revision::<K>(ctx, last.unwrap_or(0), newest).await?;
+    if last == Some(revision) {
+        return Ok(None);
+    }
+    let mut objects = HashMap::new();
+    let mut token: Option<String> = None;
+    loop {
+        let page = match list_meta::<K>(ctx, Some(revision), PAGE, token.as_deref()).await? {
+            Exact::Page(page) => page,
+            // Compacted again meanwhile: the next period lists the new one.
+            Exact::Compacted => return Ok(None),
+        };
+        for item in page.items.into_iter().flatten() {
+            let meta = item.metadata;
+            objects.insert(
+                ObjectKey::new(meta.namespace, meta.name),
+                (meta.uid, meta.resource_version),
+            );
+        }
+        token = page.metadata.continue_.filter(|t| !t.is_empty());
+        if token.is_none() {
+            break;
+        }
+    }
+    Ok(Some(Listing { revision, objects }))
+}
+
+fn revision(rv: Option<&str>) -> Result<u64, AuditError> {
+    let rv = rv.unwrap_or_default();
+    rv.parse()
+        .map_err(|_| AuditError::NotARevision(rv.to_owned()))
+}
+
+/// The oldest revision in `(below, newest]` an exact LIST is served at
+/// (`below` answered 410 or is 0; `newest` is served): etcd's compaction
+/// revision, found by bisection.
+async fn compaction_revision<K: kinds::Kind>(
+    ctx: &Context,
+    below: u64,
+    newest: u64,
+) -> Result<u64, AuditError> {
+    let (mut below, mut served) = (below, newest);
+    if served <= below {
+        return Err(AuditError::NothingServed(newest));
+    }
+    while served - below > 1 {
+        let mid = below + (served - below) / 2;
+        match list_meta::<K>(ctx, Some(mid), 1, None).await? {
+            Exact::Compacted => below = mid,
+            Exact::Page(_) => served = mid,
+        }
+    }
+    Ok(served)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::disagrees;
+
+    fn listed(uid: &str, rv: &str) -> Option<(String, String)> {
+        Some((uid.to_owned(), rv.to_owned()))
+    }
+
+    #[test]
+    fn the_list_at_the_compaction_revision_judges_only_older_cached_states() {
+        let cases = [
+            (
+                "etcd has no such object: a ghost",
+                None,
+                ("u1", "90"),
+                "100",
+                true,
+            ),
+            (
+                "the same state",
+                listed("u1", "90"),
+                ("u1", "90"),
+                "100",
+                false,
+            ),
+            (
+                "another incarnation in etcd",
+                listed("u2", "95"),
+                ("u1", "90"),
+                "100",
+                true,
+            ),
+            (
+                "a newer state in etcd: the watch lost an update",
+                listed("u1", "95"),
+                ("u1", "90"),
+                "100",
+                true,
+            ),
+            (
+                "cached at exactly the revision",
+                None,
+                ("u1", "100"),
+                "100",
+                true,
+            ),
+            (
+                "cached after the revision: not covered",
+                None,
+                ("u1", "101"),
+                "100",
+                false,
+            ),
+            (
+                "a newer state cached, an older listed (never from etcd)",
+                listed("u1", "80"),
+                ("u1", "90"),
+                "100",
+                false,
+            ),
+            (
+                "opaque resourceVersions: nothing to judge",
+                None,
+                ("u1", "x"),
+                "100",
+                false,
+            ),
+        ];
+        for (what, list, cached, revision, expected) in cases {
+            assert_eq!(
+                disagrees(list.as_ref(), cached, revision),
+                expected,
+                "{what}"
+            );
+        }
+    }
+}
