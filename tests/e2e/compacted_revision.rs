@@ -219,7 +219,7 @@ async fn a_list_at_the_compacted_revision_reads_etcd_while_the_cache_is_unchecke
     eprintln!(
         "the LIST at the compacted revision left out the ghost {:.0}s after the delete; \
          endpoints-guard's audits: {} listed, {} unchanged, {} failed, {suspects} suspects; \
-         the address gone {:.0}s after the delete",
+         the address removed: {} ({:.0}s after the delete)",
         listed_without.as_secs_f64(),
         guard
             .metric("endpoints_guard_compaction_audits_total{resource=\"pods\",result=\"listed\"}"),
@@ -228,6 +228,7 @@ async fn a_list_at_the_compacted_revision_reads_etcd_while_the_cache_is_unchecke
         ),
         guard
             .metric("endpoints_guard_compaction_audits_total{resource=\"pods\",result=\"failed\"}"),
+        took.is_ok(),
         deleted.elapsed().as_secs_f64(),
     );
     took?;

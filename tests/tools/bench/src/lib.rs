@@ -55,17 +55,17 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-pub use controllers::{Controller, GuardDefaults};
+pub use controllers::{Controller, GuardDefaults, start_guard};
 pub use ghost::Ghost;
 pub use kind::Kind;
 pub use report::RunResult;
-pub use workload::BenchSize;
+pub use workload::{BenchSize, BenchWorkload};
 
 use eg_harness::{ControlPlane, ControlPlaneOptions, InflightLimits};
 use eg_workload::procstat;
 use observe::{Flip, Observer};
 use plane::{PlaneSample, Spend};
-use workload::{BenchWorkload, PodRef, set_ready};
+use workload::{PodRef, set_ready};
 
 /// What to run.
 #[derive(Clone, Debug)]

@@ -1,0 +1,218 @@
+//! `eg-auditcost`: what endpoints-guard's compaction audit and its ghost
+//! scan each cost kube-apiserver and etcd at rest, against endpoints-guard
+//! with both off, in one run on one control plane (docs/bench-runs.md).
+//!
+//! ```text
+//! SIZE=S|M|L eg-auditcost [--window-secs 240] [--repeat 2]
+//! ```
+//!
+//! kube-apiserver compacts etcd every 60 s here, so a window holds several
+//! of the audit's lists at a compaction revision; the figure per minute at
+//! kube-apiserver's default (one compaction every 5 minutes) is the cost of
+//! one such list divided by 5. Each round runs endpoints-guard three times,
+//! one configuration after the other, on the same workload: `off` (no audit,
+//! no scan), `audit` (the audit every minute, no scan), `scan` (the scan at
+//! its defaults, no audit). Each run waits for the caches to sync and 30 s
+//! more, then measures kube-apiserver's and etcd's CPU over the window.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use eg_bench::plane::PlaneSample;
+use eg_bench::{BenchSize, BenchWorkload, start_guard};
+use eg_harness::binaries::workspace_root;
+use eg_harness::{ControlPlane, ControlPlaneOptions, InflightLimits};
+use eg_workload::metrics::sample_sum;
+
+const COMPACTION: Duration = Duration::from_secs(60);
+/// kube-apiserver's default `--etcd-compaction-interval`.
+const DEFAULT_COMPACTION: Duration = Duration::from_secs(300);
+const SETTLE: Duration = Duration::from_secs(30);
+
+struct Options {
+    size: BenchSize,
+    window: Duration,
+    repeat: u32,
+    binary: PathBuf,
+}
+
+fn parse() -> Result<Options> {
+    let root = workspace_root()?;
+    let mut opts = Options {
+        size: BenchSize::named(&std::env::var("SIZE").unwrap_or_else(|_| "S".into()))?,
+        window: Duration::from_secs(240),
+        repeat: 2,
+        binary: std::env::var_os("EG_BINARY")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| root.join("target/release/endpoints-guard")),
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let value = args
+            .next()
+            .with_context(|| format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--window-secs" => {
+                opts.window = Duration::from_secs(value.parse().context("--window-secs")?)
+            }
+            "--repeat" => opts.repeat = value.parse().context("--repeat")?,
+            other => bail!(
+                "unknown flag {other}; usage: SIZE=S|M|L eg-auditcost [--window-secs N] [--repeat N]"
+            ),
+        }
+    }
+    Ok(opts)
+}
+
+/// One configuration of endpoints-guard.
+struct Config {
+    name: &'static str,
+    args: [&'static str; 4],
+}
+
+const CONFIGS: [Config; 3] = [
+    Config {
+        name: "off",
+        args: [
+            "--ghost-scan-qps=0",
+            "--compaction-audit-interval=0",
+            "--log-format=text",
+            "--resync-interval=90s",
+        ],
+    },
+    Config {
+        name: "audit",
+        args: [
+            "--ghost-scan-qps=0",
+            "--compaction-audit-interval=1m",
+            "--log-format=text",
+            "--resync-interval=90s",
+        ],
+    },
+    Config {
+        name: "scan",
+        args: [
+            "--ghost-scan-qps=5",
+            "--compaction-audit-interval=0",
+            "--log-format=text",
+            "--resync-interval=90s",
+        ],
+    },
+];
+
+/// What one window measured.
+struct Window {
+    config: &'static str,
+    plane_cpu_s_per_min: f64,
+    audits_listed: f64,
+    scan_reads: f64,
+}
+
+async fn measure(cp: &ControlPlane, opts: &Options, config: &Config, round: u32) -> Result<Window> {
+    let args: Vec<String> = config.args.iter().map(|a| a.to_string()).collect();
+    let mut guard = start_guard(
+        cp,
+        &opts.binary,
+        cp.kubeconfig_path(),
+        &args,
+        &format!("guard-{}-{round}", config.name),
+    )?;
+    guard.wait_ready(Duration::from_secs(600)).await?;
+    tokio::time::sleep(SETTLE).await;
+    let client = cp.client();
+    let series = |text: &str, name: &str| sample_sum(text, name).unwrap_or(0.0);
+    let before_metrics = guard.metrics().await?;
+    let before = PlaneSample::read(cp, &client).await?;
+    let started = Instant::now();
+    tokio::time::sleep(opts.window).await;
+    let after = PlaneSample::read(cp, &client).await?;
+    let after_metrics = guard.metrics().await?;
+    let spend = after.since(&before, started.elapsed().as_secs_f64());
+    let listed = "endpoints_guard_compaction_audits_total{result=\"listed\"}";
+    let failed = "endpoints_guard_compaction_audits_total{result=\"failed\"}";
+    let reads = "endpoints_guard_ghost_scan_reads_total";
+    if series(&after_metrics, failed) > 0.0 {
+        bail!(
+            "{}: a compaction audit failed (see the log under {})",
+            config.name,
+            cp.log_dir().display()
+        );
+    }
+    Ok(Window {
+        config: config.name,
+        plane_cpu_s_per_min: (spend.apiserver_cpu_s + spend.etcd_cpu_s) * 60.0 / spend.window_s,
+        audits_listed: series(&after_metrics, listed) - series(&before_metrics, listed),
+        scan_reads: series(&after_metrics, reads) - series(&before_metrics, reads),
+    })
+}
+
+fn main() -> Result<()> {
+    let opts = parse()?;
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(run(opts))
+}
+
+async fn run(opts: Options) -> Result<()> {
+    let cp = ControlPlane::start(
+        ControlPlaneOptions {
+            priority_and_fairness: Some(InflightLimits {
+                readonly: 1000,
+                mutating: 500,
+            }),
+            ..ControlPlaneOptions::default()
+        }
+        .etcd_compaction_interval(COMPACTION),
+    )
+    .await?;
+    let workload = BenchWorkload::generate(&opts.size);
+    let took = workload.create(&cp.client(), 32).await?;
+    eprintln!(
+        "size {}: {} pods in {} Services created in {:.0} s",
+        opts.size.name,
+        opts.size.pods(),
+        opts.size.services,
+        took.as_secs_f64()
+    );
+    let mut windows = Vec::new();
+    for round in 1..=opts.repeat {
+        for config in &CONFIGS {
+            let window = measure(&cp, &opts, config, round).await?;
+            eprintln!(
+                "round {round} {:>5}: kube-apiserver + etcd {:.3} CPU-s/min; {} audit lists, {} scan reads",
+                window.config, window.plane_cpu_s_per_min, window.audits_listed, window.scan_reads
+            );
+            windows.push(window);
+        }
+    }
+    println!(
+        "| round | added by the audit, CPU-s/min (compaction every {} s) | compaction revisions listed | per compaction revision, CPU-s | the audit at kube-apiserver's default compaction, CPU-s/min | added by the scan at its defaults, CPU-s/min | its reads/s |",
+        COMPACTION.as_secs()
+    );
+    println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for (round, trio) in windows.chunks(3).enumerate() {
+        let [off, audit, scan] = trio else {
+            bail!("a round measured {} windows", trio.len());
+        };
+        let audit_added = audit.plane_cpu_s_per_min - off.plane_cpu_s_per_min;
+        // Pods and Services are each listed once per compaction revision.
+        let revisions = audit.audits_listed / 2.0;
+        let per_revision = if revisions > 0.0 {
+            audit_added * opts.window.as_secs_f64() / 60.0 / revisions
+        } else {
+            f64::NAN
+        };
+        // The one-item LIST that finds no new compaction is left out: it is
+        // in every configuration's resync already, about as cheap.
+        let at_default = per_revision * 60.0 / DEFAULT_COMPACTION.as_secs_f64();
+        println!(
+            "| {} | {audit_added:.3} | {revisions} | {per_revision:.3} | {at_default:.3} | {:.3} | {:.2} |",
+            round + 1,
+            scan.plane_cpu_s_per_min - off.plane_cpu_s_per_min,
+            scan.scan_reads / opts.window.as_secs_f64(),
+        );
+    }
+    Ok(())
+}
