@@ -238,7 +238,10 @@ pub async fn start(
         tasks.spawn(ghost_scan::run(
             ctx.clone(),
             ghost_scan,
-            cfg.compaction_audit_interval,
+            ghost_scan::CompactionAudit {
+                every: cfg.compaction_audit_interval,
+                page_size: cfg.list_page_size,
+            },
             shutdown_main.clone(),
         ));
         stopped(&mut shutdown_main).await;

@@ -136,6 +136,10 @@ async fn a_list_at_the_compacted_revision_reads_etcd_while_the_cache_is_unchecke
             "0",
             "--compaction-audit-interval",
             "10s",
+            // Every list in pages of one object: the audit's pages after
+            // the first carry only their continue token.
+            "--list-page-size",
+            "1",
         ],
     )
     .await?;

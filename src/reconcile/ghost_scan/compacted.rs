@@ -14,7 +14,7 @@
 //! one-item LIST at it a period tells whether etcd was compacted since.
 //!
 //! When it was, the objects' metadata at the new revision is listed (pages of
-//! `PAGE`), and every scan target whose cached state is at or below that
+//! `--list-page-size`), and every scan target whose cached state is at or below that
 //! revision is compared with it: one the list lacks, or holds as another
 //! incarnation or a newer state, is read at once as the scan reads (a ghost
 //! is confirmed by two reads, a stale state repaired from a whole one). A
@@ -34,12 +34,20 @@ use super::{Kind, Target};
 use crate::reconcile::Context;
 use crate::reconcile::kinds::{self, PodKind, ServiceKind};
 
-/// Items per page of the list at the compaction revision.
-const PAGE: u32 = 500;
+/// How often the audit asks, and its page size.
+#[derive(Clone, Copy, Debug)]
+pub struct CompactionAudit {
+    /// How often to ask whether etcd was compacted (zero: never).
+    pub every: Duration,
+    /// Items per page of the list at a compaction revision
+    /// (`--list-page-size`).
+    pub page_size: u32,
+}
 
 /// When the audit runs and what it found last, per kind.
 pub(super) struct Audit {
     every: Duration,
+    page_size: u32,
     next: Instant,
     /// The compaction revision each kind was last listed at.
     listed_at: HashMap<Kind, u64>,
@@ -78,10 +86,12 @@ impl AuditResult {
 }
 
 impl Audit {
-    /// Off when `every` is zero.
-    pub(super) fn new(every: Duration) -> Option<Self> {
+    /// Off when `config.every` is zero.
+    pub(super) fn new(config: CompactionAudit) -> Option<Self> {
+        let CompactionAudit { every, page_size } = config;
         (!every.is_zero()).then(|| Self {
             every,
+            page_size: page_size.max(1),
             next: Instant::now() + every,
             listed_at: HashMap::new(),
             failing: HashSet::new(),
@@ -109,7 +119,7 @@ impl Audit {
         let mut listings = Vec::new();
         for kind in [Kind::Pod, Kind::Service] {
             let last = self.listed_at.get(&kind).copied();
-            let result = per_kind!(kind, listing(ctx, last).await);
+            let result = per_kind!(kind, listing(ctx, last, self.page_size).await);
             let resource = kind.resource();
             let label = match result {
                 Ok(None) => AuditResult::Unchanged,
@@ -242,22 +252,29 @@ enum Exact {
     Compacted,
 }
 
-/// A metadata LIST of `K`: at exactly `revision`, or consistent (`None`).
+/// The parameters of a LIST page: the first at exactly `revision` (or
+/// consistent, `None`); a later one only its continue token, which carries
+/// the revision (kube-apiserver refuses `resourceVersionMatch` beside one).
+fn page_params(revision: Option<u64>, limit: u32, continue_token: Option<&str>) -> ListParams {
+    let params = ListParams::default().limit(limit);
+    match (continue_token, revision) {
+        (Some(token), _) => params.continue_token(token),
+        (None, Some(revision)) => params
+            .at(&revision.to_string())
+            .matching(VersionMatch::Exact),
+        (None, None) => params,
+    }
+}
+
+/// A metadata LIST of `K`: at exactly `revision`, or consistent (`None`);
+/// a continue token goes on from the page it came with.
 async fn list_meta<K: kinds::Kind>(
     ctx: &Context,
     revision: Option<u64>,
     limit: u32,
     continue_token: Option<&str>,
 ) -> Result<Exact, kube::Error> {
-    let mut params = ListParams::default().limit(limit);
-    if let Some(revision) = revision {
-        params = params
-            .at(&revision.to_string())
-            .matching(VersionMatch::Exact);
-    }
-    if let Some(token) = continue_token {
-        params = params.continue_token(token);
-    }
+    let params = page_params(revision, limit, continue_token);
     let url = <K::Object as kube::Resource>::url_path(&(), None);
     let mut req = kube::core::Request::new(url)
         .list_metadata(&params)
@@ -275,6 +292,7 @@ async fn list_meta<K: kinds::Kind>(
 async fn listing<K: kinds::Kind>(
     ctx: &Context,
     last: Option<u64>,
+    page_size: u32,
 ) -> Result<Option<Listing>, AuditError> {
     if let Some(last) = last
         && let Exact::Page(_) = list_meta::<K>(ctx, Some(last), 1, None).await?
@@ -292,7 +310,7 @@ async fn listing<K: kinds::Kind>(
     let mut objects = HashMap::new();
     let mut token: Option<String> = None;
     loop {
-        let page = match list_meta::<K>(ctx, Some(revision), PAGE, token.as_deref()).await? {
+        let page = match list_meta::<K>(ctx, Some(revision), page_size, token.as_deref()).await? {
             Exact::Page(page) => page,
             // Compacted again meanwhile: the next period lists the new one.
             Exact::Compacted => return Ok(None),
@@ -342,7 +360,22 @@ async fn compaction_revision<K: kinds::Kind>(
 
 #[cfg(test)]
 mod tests {
-    use super::disagrees;
+    use super::{disagrees, page_params};
+    use kube::api::VersionMatch;
+
+    #[test]
+    fn only_the_first_page_names_the_revision() {
+        let first = page_params(Some(42), 500, None);
+        assert_eq!(first.resource_version.as_deref(), Some("42"));
+        assert_eq!(first.version_match, Some(VersionMatch::Exact));
+        let next = page_params(Some(42), 500, Some("token"));
+        assert_eq!(next.continue_token.as_deref(), Some("token"));
+        assert_eq!(next.resource_version, None);
+        assert_eq!(next.version_match, None);
+        let consistent = page_params(None, 1, None);
+        assert_eq!(consistent.resource_version, None);
+        assert_eq!(consistent.version_match, None);
+    }
 
     fn listed(uid: &str, rv: &str) -> Option<(String, String)> {
         Some((uid.to_owned(), rv.to_owned()))

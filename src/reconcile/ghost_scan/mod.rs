@@ -90,6 +90,7 @@ mod compacted;
 pub(crate) const SCANNED: [&str; 2] = [Kind::Pod.resource(), Kind::Service.resource()];
 
 pub(crate) use compacted::AuditResult;
+pub use compacted::CompactionAudit;
 
 impl Kind {
     const fn resource(self) -> &'static str {
@@ -113,17 +114,17 @@ use pace::ROUND_CONCURRENCY;
 use plan::{Read, Scan, Verdict, still_behind, verdict};
 use targets::targets;
 
-/// Runs the scan, and the compaction audit every `audit_every` (zero: off),
-/// until shutdown. With the scan's reads off (`qps` 0) the audit's suspects
+/// Runs the scan, and the compaction audit (`audit.every` zero: off), until
+/// shutdown. With the scan's reads off (`qps` 0) the audit's suspects
 /// are still read, at the floor's pace.
 pub async fn run(
     ctx: Arc<Context>,
     pace: Pace,
-    audit_every: Duration,
+    audit: CompactionAudit,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let scanning = pace.qps > 0.0;
-    let mut audit = compacted::Audit::new(audit_every);
+    let mut audit = compacted::Audit::new(audit);
     if !scanning && audit.is_none() {
         return;
     }
