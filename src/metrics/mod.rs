@@ -17,7 +17,6 @@ use prometheus::{
 
 use crate::desired::scope::{Invalid, OptInState};
 use crate::error::{Error, Result};
-use crate::reconcile::ghost_scan::{AuditResult, SCANNED};
 use crate::settings::Controller;
 use hardened_watcher::{DriftKind, RestartReason, StaleReason};
 
@@ -58,6 +57,40 @@ pub mod prevention {
 /// `resource`: the watched (and resynced) resources, in the order of
 /// `reconcile::kinds::for_each_kind` (a test there holds the two together).
 pub const RESOURCES: &[&str] = &["services", "pods", "endpoints", "endpointslices", "nodes"];
+
+/// The resources the ghost scan and the compaction audit read
+/// (`reconcile::ghost_scan`, whose test holds the two lists together).
+pub const SCANNED: &[&str] = &["pods", "services"];
+
+/// What one audit of one kind did: the metric label of
+/// `endpoints_guard_compaction_audits_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AuditResult {
+    /// etcd was not compacted since the last list.
+    Unchanged,
+    /// Listed at a new compaction revision.
+    Listed,
+    /// A request failed, or the revisions are not numbers; tried again next
+    /// period.
+    Failed,
+}
+
+impl AuditResult {
+    pub const ALL: [AuditResult; 3] = [
+        AuditResult::Unchanged,
+        AuditResult::Listed,
+        AuditResult::Failed,
+    ];
+
+    pub fn metric_label(self) -> &'static str {
+        match self {
+            AuditResult::Unchanged => "unchanged",
+            AuditResult::Listed => "listed",
+            AuditResult::Failed => "failed",
+        }
+    }
+}
+
 /// `result` of a reconcile.
 pub const RESULTS: &[&str] = &["ok", "error"];
 /// `verb` of an Endpoints or EndpointSlice write; `kind` of an audit divergence.
@@ -498,12 +531,9 @@ impl Metrics {
         zero(&self.ghosts_found, &[RESOURCES])?;
         zero(
             &self.compaction_audits,
-            &[
-                &SCANNED,
-                &labels_of(&AuditResult::ALL, |r| r.metric_label()),
-            ],
+            &[SCANNED, &labels_of(&AuditResult::ALL, |r| r.metric_label())],
         )?;
-        zero(&self.compaction_audit_suspects, &[&SCANNED])?;
+        zero(&self.compaction_audit_suspects, &[SCANNED])?;
         zero(
             &self.opt_in_frozen,
             &[&labels_of(&Invalid::ALL, |i| i.metric_label())],

@@ -31,6 +31,7 @@ use kube::api::{ListParams, VersionMatch};
 use tracing::{debug, info, warn};
 
 use super::{Kind, Target};
+use crate::metrics::AuditResult;
 use crate::reconcile::Context;
 use crate::reconcile::kinds::{self, PodKind, ServiceKind};
 
@@ -54,35 +55,6 @@ pub(super) struct Audit {
     /// The kinds whose last audit failed: a failure is logged when it
     /// starts, and again when it ends.
     failing: HashSet<Kind>,
-}
-
-/// What one audit of one kind did: the metric label of
-/// `endpoints_guard_compaction_audits_total`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum AuditResult {
-    /// etcd was not compacted since the last list.
-    Unchanged,
-    /// Listed at a new compaction revision.
-    Listed,
-    /// A request failed, or the revisions are not numbers; tried again next
-    /// period.
-    Failed,
-}
-
-impl AuditResult {
-    pub(crate) const ALL: [AuditResult; 3] = [
-        AuditResult::Unchanged,
-        AuditResult::Listed,
-        AuditResult::Failed,
-    ];
-
-    pub(crate) fn metric_label(self) -> &'static str {
-        match self {
-            AuditResult::Unchanged => "unchanged",
-            AuditResult::Listed => "listed",
-            AuditResult::Failed => "failed",
-        }
-    }
 }
 
 impl Audit {

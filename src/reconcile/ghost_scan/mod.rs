@@ -86,14 +86,24 @@ macro_rules! per_kind {
 
 mod compacted;
 
-/// The resources the scan and the compaction audit read.
-pub(crate) const SCANNED: [&str; 2] = [Kind::Pod.resource(), Kind::Service.resource()];
-
-pub(crate) use compacted::AuditResult;
 pub use compacted::CompactionAudit;
 
+#[cfg(test)]
+mod tests {
+    use super::Kind;
+
+    /// The metric labels of the scan and the audit are the kinds they read.
+    #[test]
+    fn the_metrics_name_the_scanned_kinds() {
+        assert_eq!(
+            crate::metrics::SCANNED,
+            [Kind::Pod.resource(), Kind::Service.resource()]
+        );
+    }
+}
+
 impl Kind {
-    const fn resource(self) -> &'static str {
+    fn resource(self) -> &'static str {
         match self {
             Kind::Pod => <PodKind as kinds::Kind>::RESOURCE,
             Kind::Service => <ServiceKind as kinds::Kind>::RESOURCE,
