@@ -67,6 +67,20 @@ use observe::{Flip, Observer};
 use plane::{PlaneSample, Spend};
 use workload::{PodRef, set_ready};
 
+/// The command line of a tool whose every flag takes a value: (flag, value)
+/// pairs in order; an error names a flag given last without its value.
+pub fn flag_values() -> Result<Vec<(String, String)>> {
+    let mut args = std::env::args().skip(1);
+    let mut pairs = Vec::new();
+    while let Some(flag) = args.next() {
+        let value = args
+            .next()
+            .with_context(|| format!("{flag} needs a value"))?;
+        pairs.push((flag, value));
+    }
+    Ok(pairs)
+}
+
 /// What to run.
 #[derive(Clone, Debug)]
 pub struct BenchOptions {

@@ -47,11 +47,7 @@ fn parse() -> Result<Options> {
             .map(PathBuf::from)
             .unwrap_or_else(|| root.join("target/release/endpoints-guard")),
     };
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let value = args
-            .next()
-            .with_context(|| format!("{flag} needs a value"))?;
+    for (flag, value) in eg_bench::flag_values()? {
         match flag.as_str() {
             "--window-secs" => {
                 opts.window = Duration::from_secs(value.parse().context("--window-secs")?)

@@ -37,11 +37,7 @@ fn parse() -> Result<Options> {
         pods: 100,
         current_thread: false,
     };
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let value = args
-            .next()
-            .with_context(|| format!("{flag} needs a value"))?;
+    for (flag, value) in eg_bench::flag_values()? {
         match flag.as_str() {
             "--rate" => opts.rate = value.parse().context("--rate")?,
             "--secs" => opts.secs = value.parse().context("--secs")?,
