@@ -178,8 +178,8 @@ pub struct Config {
     /// server's watch cache keeps after etcd deleted them, or in an older
     /// state than etcd's. Every pod named by an address of our Endpoints or
     /// slices, and every Service with either, is read (its metadata, from
-    /// etcd) in turn, pods behind ready addresses first. 0 turns the scan
-    /// off. The resync finds such ghosts within minutes where kube-apiserver
+    /// etcd) in turn, pods behind ready addresses first. 0 turns the scan's
+    /// passes off (what the compaction audit finds is still read). The resync finds such ghosts within minutes where kube-apiserver
     /// checks its watch cache (--resync-interval); the scan also finds them
     /// where it does not, and before it does (docs/ghosts.md).
     #[arg(long, env = "EG_GHOST_SCAN_QPS", default_value_t = 5.0, value_parser = parse_qps)]
