@@ -67,6 +67,13 @@ use observe::{Flip, Observer};
 use plane::{PlaneSample, Spend};
 use workload::{PodRef, set_ready};
 
+/// API Priority and Fairness on, as in production, with seats enough that
+/// setting the workload up is not what is measured.
+pub const BENCH_INFLIGHT: InflightLimits = InflightLimits {
+    readonly: 1000,
+    mutating: 500,
+};
+
 /// The command line of a tool whose every flag takes a value: (flag, value)
 /// pairs in order; an error names a flag given last without its value.
 pub fn flag_values() -> Result<Vec<(String, String)>> {
@@ -425,13 +432,8 @@ impl Bench {
         let policy = dir.path().join("audit-policy.yaml");
         std::fs::write(&policy, audit::policy(&users)).context("writing the audit policy")?;
         let audit_log = dir.path().join("audit.log");
-        // API Priority and Fairness on, as in production, with seats enough
-        // that setting the workload up is not what is measured.
         let mut cp_opts = ControlPlaneOptions {
-            priority_and_fairness: Some(InflightLimits {
-                readonly: 1000,
-                mutating: 500,
-            }),
+            priority_and_fairness: Some(BENCH_INFLIGHT),
             ..ControlPlaneOptions::default()
         };
         if opts.any_ghost() {

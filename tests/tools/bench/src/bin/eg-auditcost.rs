@@ -20,9 +20,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use eg_bench::plane::PlaneSample;
-use eg_bench::{BenchSize, BenchWorkload, start_guard};
+use eg_bench::{BENCH_INFLIGHT, BenchSize, BenchWorkload, start_guard};
 use eg_harness::binaries::workspace_root;
-use eg_harness::{ControlPlane, ControlPlaneOptions, InflightLimits};
+use eg_harness::{ControlPlane, ControlPlaneOptions};
 use eg_workload::metrics::sample_sum;
 
 const COMPACTION: Duration = Duration::from_secs(60);
@@ -61,39 +61,29 @@ fn parse() -> Result<Options> {
     Ok(opts)
 }
 
-/// One configuration of endpoints-guard.
+/// One configuration of endpoints-guard: its name, `--ghost-scan-qps` and
+/// `--compaction-audit-interval`.
 struct Config {
     name: &'static str,
-    args: [&'static str; 4],
+    scan_qps: &'static str,
+    audit_every: &'static str,
 }
 
 const CONFIGS: [Config; 3] = [
     Config {
         name: "off",
-        args: [
-            "--ghost-scan-qps=0",
-            "--compaction-audit-interval=0",
-            "--log-format=text",
-            "--resync-interval=90s",
-        ],
+        scan_qps: "0",
+        audit_every: "0",
     },
     Config {
         name: "audit",
-        args: [
-            "--ghost-scan-qps=0",
-            "--compaction-audit-interval=1m",
-            "--log-format=text",
-            "--resync-interval=90s",
-        ],
+        scan_qps: "0",
+        audit_every: "1m",
     },
     Config {
         name: "scan",
-        args: [
-            "--ghost-scan-qps=5",
-            "--compaction-audit-interval=0",
-            "--log-format=text",
-            "--resync-interval=90s",
-        ],
+        scan_qps: "5",
+        audit_every: "0",
     },
 ];
 
@@ -106,7 +96,11 @@ struct Window {
 }
 
 async fn measure(cp: &ControlPlane, opts: &Options, config: &Config, round: u32) -> Result<Window> {
-    let args: Vec<String> = config.args.iter().map(|a| a.to_string()).collect();
+    let args = vec![
+        format!("--ghost-scan-qps={}", config.scan_qps),
+        format!("--compaction-audit-interval={}", config.audit_every),
+        "--resync-interval=90s".to_string(),
+    ];
     let mut guard = start_guard(
         cp,
         &opts.binary,
@@ -154,10 +148,7 @@ fn main() -> Result<()> {
 async fn run(opts: Options) -> Result<()> {
     let cp = ControlPlane::start(
         ControlPlaneOptions {
-            priority_and_fairness: Some(InflightLimits {
-                readonly: 1000,
-                mutating: 500,
-            }),
+            priority_and_fairness: Some(BENCH_INFLIGHT),
             ..ControlPlaneOptions::default()
         }
         .etcd_compaction_interval(COMPACTION),
