@@ -198,8 +198,9 @@ chart-readme: toolchain
 # runc, the CNI plugins and iptables when missing (else skips, exit 0), builds kubelet,
 # kube-scheduler and kube-proxy (make controlplane), the images (hack/node-images.sh),
 # installs the chart and runs every scenario with endpoints-guard and with
-# kube-controller-manager's endpoint controllers; the host is compared before and after.
-# make test runs the short form (one fault row per controller).
+# kube-controller-manager's endpoint controllers, then the overload row on a node of its
+# own with API Priority and Fairness on; the host is compared before and after.
+# make test runs the short form (one fault row per controller, a shorter flood).
 .PHONY: e2e-node
 FORM ?= full
 e2e-node: controlplane conformance-build

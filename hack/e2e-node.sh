@@ -17,6 +17,7 @@
 #   EG_IMAGE_PROFILE  cargo profile whose binaries go into the controller image:
 #                     release (default) or debug (make test, already built)
 #   CARGO             cargo binary (default cargo)
+#   EG_E2E_NODE_ONLY  at-scale or overload: that row alone, on a node of its own
 set -euo pipefail
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -60,5 +61,17 @@ fi
 log "building the node images"
 EG_BIN_DIR="$root/target/$profile" bash "$root/hack/node-images.sh" >/dev/null
 
-log "running tests/e2e/real_node/ ($form)"
-(cd "$root" && EG_E2E_NODE="$form" "$cargo" test --test e2e -- --nocapture --exact real_node::rows_under_traffic)
+rows() {
+  (cd "$root" && EG_E2E_NODE="$form" "$cargo" test --test e2e -- --nocapture --exact real_node::rows_under_traffic)
+}
+if [ -n "${EG_E2E_NODE_ONLY:-}" ]; then
+  log "running tests/e2e/real_node/ ($form, $EG_E2E_NODE_ONLY only)"
+  rows
+else
+  log "running tests/e2e/real_node/ ($form)"
+  rows
+  # A node of its own: API Priority and Fairness on, with seats two cores
+  # can fill (the other rows keep it off).
+  log "running the overload row ($form)"
+  EG_E2E_NODE_ONLY=overload rows
+fi

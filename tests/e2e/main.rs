@@ -16,6 +16,7 @@ mod bench_smoke;
 mod chaos;
 mod chart;
 mod cli;
+mod co_tenant;
 mod compacted_revision;
 mod endpoints_parity;
 mod guard;

@@ -18,10 +18,7 @@
 //! report, target/chaos/overload.json (docs/chaos.md), never a timing
 //! assertion.
 
-use std::collections::BTreeMap;
 use std::process::Command;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
@@ -29,19 +26,17 @@ use eg_harness::binaries::{program, workspace_root};
 use eg_harness::process::{Process, free_port};
 use eg_harness::{ControlPlane, ControlPlaneOptions, PodBuilder, PodStatusSpec};
 use futures::StreamExt;
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Endpoints, Pod, Service, ServiceAccount};
-use kube::api::{ListParams, PostParams};
+use k8s_openapi::api::core::v1::{Endpoints, Service};
+use kube::api::PostParams;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use serde_json::json;
 
+use crate::co_tenant::{self, CoTenant, Filler, FloodCounts, apf_waits, percentile};
 use crate::common::{endpoints_guard, eventually};
 
 const NS: &str = "shop";
 const SYSTEM_NS: &str = "endpoints-guard";
-const TENANT: &str = "tenant";
 /// Pods the co-tenant lists over and over: enough for a LIST to be charged
 /// several seats.
 const FILLER_PODS: usize = 3000;
@@ -80,11 +75,7 @@ struct Phase {
     flow_schemas: bool,
     endpoints_guard: Column,
     kube_controller_manager: Column,
-    flood_requests: u64,
-    flood_throttled: u64,
-    /// Requests of the flood refused otherwise (must be 0: a flood that
-    /// is refused loads nothing).
-    flood_failed: u64,
+    flood: FloodCounts,
     /// Mean wait of the co-tenant's requests (ms): the flood filled its queues.
     flood_apf_wait_mean_ms: f64,
 }
@@ -93,9 +84,7 @@ struct Phase {
 async fn apf_overload_by_a_co_tenant() -> Result<()> {
     let cp = ControlPlane::start(ControlPlaneOptions::highly_available()).await?;
     let admin = cp.client();
-    for ns in [NS, TENANT] {
-        cp.create_namespace(ns).await?;
-    }
+    cp.create_namespace(NS).await?;
     let mut kcm_args = cp.kube_controller_manager_identity()?;
     kcm_args.extend([
         "--leader-elect=true".to_string(),
@@ -115,7 +104,7 @@ async fn apf_overload_by_a_co_tenant() -> Result<()> {
     )?;
     let mut guard = start_guard(&cp).await?;
     workload(&cp).await?;
-    let flood = flood_client(&cp).await?;
+    let flood = CoTenant::create(&cp, Filler::Pods, FILLER_PODS).await?;
 
     let mut phases = Vec::new();
     for flow_schemas in [false, true] {
@@ -150,7 +139,7 @@ async fn apf_overload_by_a_co_tenant() -> Result<()> {
         with.endpoints_guard.leader_changes
     );
     ensure!(
-        phases.iter().all(|p| p.flood_failed == 0),
+        phases.iter().all(|p| p.flood.failed == 0),
         "the flood's requests failed: {phases:?}"
     );
     ensure!(
@@ -177,27 +166,10 @@ fn helm(cp: &ControlPlane, args: &[&str]) -> Result<()> {
     Ok(())
 }
 
-/// A token of ServiceAccount `namespace/name`, an hour long.
-async fn token(client: &Client, namespace: &str, name: &str) -> Result<String> {
-    let request = TokenRequest {
-        spec: Some(TokenRequestSpec {
-            expiration_seconds: Some(3600),
-            ..TokenRequestSpec::default()
-        }),
-        ..TokenRequest::default()
-    };
-    Api::<ServiceAccount>::namespaced(client.clone(), namespace)
-        .create_token_request(name, &PostParams::default(), &request)
-        .await?
-        .status
-        .and_then(|s| s.token)
-        .context("TokenRequest without a token")
-}
-
 /// The endpoints-guard binary with the chart's ServiceAccount, in opt-in
 /// scope with leader election, as the chart runs it.
 async fn start_guard(cp: &ControlPlane) -> Result<Process> {
-    let token = token(&cp.client(), SYSTEM_NS, "endpoints-guard").await?;
+    let token = co_tenant::token(&cp.client(), SYSTEM_NS, "endpoints-guard").await?;
     let kubeconfig = cp.kubeconfig_for_token("endpoints-guard-sa", &token)?;
     let args: Vec<String> = [
         "--kubeconfig",
@@ -221,8 +193,7 @@ async fn start_guard(cp: &ControlPlane) -> Result<Process> {
     )
 }
 
-/// Two Services of three ready pods each (one opted in), and the filler
-/// pods the co-tenant lists.
+/// Two Services of three ready pods each (one opted in).
 async fn workload(cp: &ControlPlane) -> Result<()> {
     let services: Api<Service> = Api::namespaced(cp.client(), NS);
     let service = |name: &str, opted_in: bool| -> Result<Service> {
@@ -253,16 +224,6 @@ async fn workload(cp: &ControlPlane) -> Result<()> {
             .await?;
         }
     }
-    let pods: Api<Pod> = Api::namespaced(cp.client(), TENANT);
-    let filler = futures::stream::iter(0..FILLER_PODS).map(|i| {
-        let pods = pods.clone();
-        async move {
-            let pod = PodBuilder::serving(TENANT, &format!("filler-{i}"), "filler").build();
-            pods.create(&PostParams::default(), &pod).await.map(drop)
-        }
-    });
-    let created: Vec<_> = filler.buffer_unordered(16).collect().await;
-    created.into_iter().collect::<Result<Vec<_>, _>>()?;
     for (name, ready) in [(GUARDED, 3), (PLAIN, 3)] {
         eventually(
             Duration::from_secs(60),
@@ -280,32 +241,6 @@ async fn workload(cp: &ControlPlane) -> Result<()> {
     Ok(())
 }
 
-/// A client of the co-tenant: ServiceAccount `tenant/flood`, allowed to
-/// read pods everywhere, matched by the built-in `service-accounts` schema.
-async fn flood_client(cp: &ControlPlane) -> Result<Client> {
-    let admin = cp.client();
-    let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "flood"}}))?;
-    Api::<ServiceAccount>::namespaced(admin.clone(), TENANT)
-        .create(&PostParams::default(), &sa)
-        .await?;
-    let role = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-        "metadata": {"name": "tenant-flood"},
-        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]});
-    Api::<k8s_openapi::api::rbac::v1::ClusterRole>::all(admin.clone())
-        .create(&PostParams::default(), &serde_json::from_value(role)?)
-        .await?;
-    let binding = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-        "metadata": {"name": "tenant-flood"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "tenant-flood"},
-        "subjects": [{"kind": "ServiceAccount", "name": "flood", "namespace": TENANT}]});
-    let bindings: Api<k8s_openapi::api::rbac::v1::ClusterRoleBinding> = Api::all(admin.clone());
-    bindings
-        .create(&PostParams::default(), &serde_json::from_value(binding)?)
-        .await?;
-    let token = token(&admin, TENANT, "flood").await?;
-    cp.client_for_token(&token).await
-}
-
 /// The ready addresses of Endpoints `name`.
 async fn ready_ips(api: &Api<Endpoints>, name: &str) -> Result<Vec<String>> {
     Ok(api
@@ -320,41 +255,27 @@ async fn ready_ips(api: &Api<Endpoints>, name: &str) -> Result<Vec<String>> {
 async fn run_phase(
     cp: &ControlPlane,
     admin: &Client,
-    flood: &Client,
+    flood: &CoTenant,
     flow_schemas: bool,
 ) -> Result<Phase> {
     let (quiet_flips, flood_for) = durations();
-    let transitions_before = transitions(admin).await?;
+    let leases = [
+        ("endpoints-guard", SYSTEM_NS, "endpoints-guard"),
+        (
+            "kube-controller-manager",
+            "kube-system",
+            "kube-controller-manager",
+        ),
+    ];
+    let transitions_before = co_tenant::lease_transitions(admin, &leases).await?;
     let quiet = flips(cp, admin, quiet_flips, None).await?;
-    let sent = Arc::new(AtomicU64::new(0));
-    let throttled = Arc::new(AtomicU64::new(0));
-    let failed = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + flood_for;
-    let flooding: Vec<_> = (0..FLOOD_CLIENTS)
-        .map(|i| {
-            let (client, sent) = (flood.clone(), sent.clone());
-            let (throttled, failed) = (throttled.clone(), failed.clone());
-            tokio::spawn(
-                async move { flood_loop(client, i, deadline, sent, throttled, failed).await },
-            )
-        })
-        .collect();
+    let flooding = flood.flood(FLOOD_CLIENTS, deadline, FLOOD_MAX_REQUESTS);
     let waits_start = apf_waits(cp).await?;
     let under = flips(cp, admin, usize::MAX, Some(deadline)).await?;
-    for task in flooding {
-        task.await?;
-    }
+    let counts = flooding.finish().await?;
     let waits_end = apf_waits(cp).await?;
-    let transitions_after = transitions(admin).await?;
-    let mean = |schema: &str| -> f64 {
-        let (sum0, n0) = waits_start.get(schema).copied().unwrap_or_default();
-        let (sum1, n1) = waits_end.get(schema).copied().unwrap_or_default();
-        if n1 > n0 {
-            (sum1 - sum0) / (n1 - n0) * 1000.0
-        } else {
-            0.0
-        }
-    };
+    let transitions_after = co_tenant::lease_transitions(admin, &leases).await?;
     let guard_schema = if flow_schemas {
         "endpoints-guard-workload"
     } else {
@@ -368,7 +289,7 @@ async fn run_phase(
         flips: latencies.1.len(),
         leader_changes: transitions_after.get(leader).copied().unwrap_or_default()
             - transitions_before.get(leader).copied().unwrap_or_default(),
-        apf_wait_mean_ms: mean(schema),
+        apf_wait_mean_ms: waits_end.mean_ms_since(&waits_start, schema),
     };
     Ok(Phase {
         flow_schemas,
@@ -378,45 +299,9 @@ async fn run_phase(
             "kube-controller-manager",
             "kube-system-service-accounts",
         ),
-        flood_requests: sent.load(Ordering::Relaxed),
-        flood_throttled: throttled.load(Ordering::Relaxed),
-        flood_failed: failed.load(Ordering::Relaxed),
-        flood_apf_wait_mean_ms: mean("service-accounts"),
+        flood: counts,
+        flood_apf_wait_mean_ms: waits_end.mean_ms_since(&waits_start, "service-accounts"),
     })
-}
-
-/// The co-tenant's loop: LIST every pod, GET one, until `deadline` or the
-/// flood's request budget is spent.
-async fn flood_loop(
-    client: Client,
-    index: usize,
-    deadline: Instant,
-    sent: Arc<AtomicU64>,
-    throttled: Arc<AtomicU64>,
-    failed: Arc<AtomicU64>,
-) {
-    let all: Api<Pod> = Api::all(client.clone());
-    let one: Api<Pod> = Api::namespaced(client, TENANT);
-    let mut n = index;
-    while Instant::now() < deadline && sent.fetch_add(2, Ordering::Relaxed) < FLOOD_MAX_REQUESTS {
-        for result in [
-            all.list(&ListParams::default()).await.map(drop),
-            one.get(&format!("filler-{}", n % FILLER_PODS))
-                .await
-                .map(drop),
-        ] {
-            match result {
-                Ok(()) => {}
-                Err(kube::Error::Api(status)) if status.code == 429 => {
-                    throttled.fetch_add(1, Ordering::Relaxed);
-                }
-                Err(_) => {
-                    failed.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        }
-        n += FLOOD_CLIENTS;
-    }
 }
 
 /// Flips pod `<app>-1` of each Service not ready and ready again, `count`
@@ -477,83 +362,4 @@ async fn flips(
     }
     watch.abort();
     Ok((guarded, plain))
-}
-
-fn percentile(values: &[f64], q: f64) -> f64 {
-    if values.is_empty() {
-        return 0.0;
-    }
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    let index = ((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len()) - 1;
-    (sorted[index] * 100.0).round() / 100.0
-}
-
-/// `leaseTransitions` of the two Leases, by holder's program.
-async fn transitions(admin: &Client) -> Result<BTreeMap<String, i64>> {
-    let mut out = BTreeMap::new();
-    for (program, ns, name) in [
-        ("endpoints-guard", SYSTEM_NS, "endpoints-guard"),
-        (
-            "kube-controller-manager",
-            "kube-system",
-            "kube-controller-manager",
-        ),
-    ] {
-        let lease = Api::<Lease>::namespaced(admin.clone(), ns)
-            .get_opt(name)
-            .await?;
-        let transitions = lease
-            .and_then(|l| l.spec)
-            .and_then(|s| s.lease_transitions)
-            .unwrap_or_default();
-        out.insert(program.to_string(), i64::from(transitions));
-    }
-    Ok(out)
-}
-
-/// Per FlowSchema, the sum (s) and count of the request waits in APF
-/// queues, added up over every kube-apiserver (each read on its own).
-async fn apf_waits(cp: &ControlPlane) -> Result<BTreeMap<String, (f64, f64)>> {
-    let mut text = String::new();
-    for client in cp.apiserver_clients() {
-        let request = http::Request::get("/metrics").body(Vec::new())?;
-        text.push_str(&client.request_text(request).await?);
-        text.push('\n');
-    }
-    let mut out: BTreeMap<String, (f64, f64)> = BTreeMap::new();
-    for line in text.lines() {
-        let (sum, name) = if let Some(rest) =
-            line.strip_prefix("apiserver_flowcontrol_request_wait_duration_seconds_sum{")
-        {
-            (true, rest)
-        } else if let Some(rest) =
-            line.strip_prefix("apiserver_flowcontrol_request_wait_duration_seconds_count{")
-        {
-            (false, rest)
-        } else {
-            continue;
-        };
-        let Some(schema) = label(name, "flow_schema") else {
-            continue;
-        };
-        let value: f64 = name
-            .rsplit(' ')
-            .next()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_default();
-        let entry = out.entry(schema.to_string()).or_default();
-        if sum {
-            entry.0 += value;
-        } else {
-            entry.1 += value;
-        }
-    }
-    Ok(out)
-}
-
-fn label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
-    let start = labels.find(&format!("{key}=\""))? + key.len() + 2;
-    let end = labels[start..].find('"')? + start;
-    Some(&labels[start..end])
 }

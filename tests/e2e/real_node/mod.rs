@@ -30,8 +30,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use eg_chaos::ChaosProxy;
 use eg_harness::binaries::{program, watch_chaos, workspace_root};
-use eg_harness::loopback;
 use eg_harness::process::Process;
+use eg_harness::{InflightLimits, loopback};
 use eg_node::traffic::{ServiceWatch, Traffic, Verdict, judge, wait_serving};
 use eg_node::{self as node, NodeImages, NodeOptions, RealNode};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -66,6 +66,7 @@ enum Form {
 
 mod at_scale;
 mod opt_in;
+mod overload;
 
 #[derive(Debug, Clone, serde::Serialize)]
 struct Row {
@@ -175,6 +176,7 @@ async fn rows_under_traffic() -> Result<()> {
     let images = NodeImages::locate()?;
     let out = workspace_root()?.join(match form {
         _ if only_at_scale() => "target/e2e-node/at-scale",
+        _ if overload::only() => "target/e2e-node/overload",
         Form::Short => "target/e2e-node/short",
         Form::Full => "target/e2e-node",
     });
@@ -184,6 +186,7 @@ async fn rows_under_traffic() -> Result<()> {
     let options = NodeOptions {
         two_api_servers: true,
         compaction_interval: at_scale::compaction_interval(form),
+        priority_and_fairness: overload::only().then_some(InflightLimits::SMALL),
         ..NodeOptions::default()
     };
     let mut node = RealNode::start_with(work.path(), &images, options).await?;
@@ -198,9 +201,14 @@ async fn rows_under_traffic() -> Result<()> {
         form,
         rows: Vec::new(),
     };
-    let outcome = run.all().await.and_then(|()| match only_at_scale() {
-        true => at_scale::verdict(&run.rows, form),
-        false => verdict(&run.rows, form),
+    let outcome = run.all().await.and_then(|()| {
+        if only_at_scale() {
+            at_scale::verdict(&run.rows, form)
+        } else if overload::only() {
+            overload::verdict(&run.rows)
+        } else {
+            verdict(&run.rows, form)
+        }
     });
     let rows = std::mem::take(&mut run.rows);
     if outcome.is_err() {
@@ -293,6 +301,9 @@ impl Run<'_> {
         if only_at_scale() {
             self.deploy_workload().await?;
             return at_scale::rows(self, None).await;
+        }
+        if overload::only() {
+            return overload::rows(self).await;
         }
         self.install_chart().await?;
         let mut guard = Writer::Guard;

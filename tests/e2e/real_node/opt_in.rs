@@ -27,7 +27,7 @@ use k8s_openapi::jiff::Timestamp;
 use super::*;
 
 const SCOPE: &str = "opt-in";
-const PLAIN: &str = "web-plain";
+pub(super) const PLAIN: &str = "web-plain";
 const OPT_IN: &str = "opt in under traffic";
 const OPT_OUT: &str = "opt out under traffic";
 const FAILURE_A: &str = "failure A: old pod DELETEs replayed";
@@ -53,7 +53,7 @@ const GAPLESS: [&str; 7] = [
 const OPT_OUT_GRACE_S: u64 = 10;
 /// How long kube-controller-manager gets to publish again.
 const UPSTREAM_BACK: Duration = Duration::from_secs(20);
-const OUR_MANAGER: &str = "endpoints-guard";
+pub(super) const OUR_MANAGER: &str = "endpoints-guard";
 const UPSTREAM_SLICES: &str = "endpointslice-controller.k8s.io";
 const MIRRORING: &str = "endpointslicemirroring-controller.k8s.io";
 /// The field manager kube-controller-manager's writes carry.
@@ -588,7 +588,7 @@ async fn churn(deployments: &Api<Deployment>, pair: &Pair) -> Result<()> {
     Ok(())
 }
 
-async fn cluster_ip(services: &Api<Service>, name: &str) -> Result<SocketAddr> {
+pub(super) async fn cluster_ip(services: &Api<Service>, name: &str) -> Result<SocketAddr> {
     let ip: IpAddr = services
         .get(name)
         .await?
@@ -617,7 +617,7 @@ fn managed_by(ep: &Endpoints) -> Option<&str> {
 }
 
 /// The managed-by values of the Service's slices now.
-fn managers_now(watch: &ServiceWatch) -> BTreeSet<String> {
+pub(super) fn managers_now(watch: &ServiceWatch) -> BTreeSet<String> {
     watch
         .slices()
         .iter()
@@ -626,7 +626,7 @@ fn managers_now(watch: &ServiceWatch) -> BTreeSet<String> {
 }
 
 /// Whether the slices of `manager` alone publish every live ready pod.
-fn publishes_every_pod(watch: &ServiceWatch, manager: &str) -> bool {
+pub(super) fn publishes_every_pod(watch: &ServiceWatch, manager: &str) -> bool {
     let ready: BTreeSet<String> = watch
         .slices()
         .iter()

@@ -28,7 +28,7 @@ use kube::Api;
 
 use eg_harness::binaries::program;
 use eg_harness::process::Process;
-use eg_harness::{ControlPlane, ControlPlaneOptions, SecondApiserver};
+use eg_harness::{ControlPlane, ControlPlaneOptions, InflightLimits, SecondApiserver};
 use host::{HostSnapshot, run};
 
 /// The name of the real-node row of a pod DELETE lost in the watch cache
@@ -193,6 +193,9 @@ pub struct NodeOptions {
     pub two_api_servers: bool,
     /// kube-apiserver's `--etcd-compaction-interval` (`None`: its default).
     pub compaction_interval: Option<Duration>,
+    /// API Priority and Fairness on with these in-flight limits on every
+    /// API server (`None`: off).
+    pub priority_and_fairness: Option<InflightLimits>,
 }
 
 impl Default for NodeOptions {
@@ -204,6 +207,7 @@ impl Default for NodeOptions {
             cluster_dns: false,
             two_api_servers: false,
             compaction_interval: None,
+            priority_and_fairness: None,
         }
     }
 }
@@ -298,6 +302,7 @@ impl RealNode {
                 }
                 let mut cp_options = ControlPlaneOptions {
                     bind_address: IpAddr::V4(NODE_IP),
+                    priority_and_fairness: options.priority_and_fairness,
                     ..ControlPlaneOptions::default()
                 };
                 if options.two_api_servers {
