@@ -448,7 +448,7 @@ fn alerts_have_runbooks_labels_and_one_switch_each() -> Result<()> {
         .iter()
         .filter_map(|r| r["alert"].as_str().map(str::to_string))
         .collect();
-    assert_eq!(names.len(), 13, "{names:?}");
+    assert_eq!(names.len(), 14, "{names:?}");
     for rule in &rules {
         let name = rule["alert"].as_str().context("alert")?;
         let annotations = &rule["annotations"];
@@ -491,6 +491,15 @@ fn alerts_have_runbooks_labels_and_one_switch_each() -> Result<()> {
         assert_eq!(left.len(), names.len() - 1, "{name} off: {left:?}");
         assert!(!left.contains(&name.as_str()));
     }
+    // No audit, no alert on its failures.
+    let unaudited = rule_list(&["compactionAuditInterval=0s"])?;
+    assert!(
+        unaudited
+            .iter()
+            .all(|r| r["alert"].as_str() != Some("EndpointsGuardCompactionAuditFailing")),
+        "an alert on an audit that is off"
+    );
+    assert_eq!(unaudited.len(), names.len() - 1);
     assert!(
         template(&[
             "prometheusRule.enabled=true",
