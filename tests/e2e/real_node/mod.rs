@@ -618,23 +618,13 @@ impl Run<'_> {
                     .next()
                     .unwrap_or_default()
                     .to_string();
-                let chart = workspace_root()?.join("charts/endpoints-guard");
-                helm(
+                upgrade_chart(
                     self.node,
                     &[
-                        "upgrade",
-                        RELEASE,
-                        &chart.display().to_string(),
-                        "--namespace",
-                        SYSTEM_NS,
-                        "--reuse-values",
                         "--set",
                         &format!("apiServer.host={}", node::NODE_IP),
                         "--set",
                         &format!("apiServer.port={port}"),
-                        "--wait",
-                        "--timeout",
-                        "180s",
                     ],
                 )?;
                 let leases: Api<Lease> = Api::namespaced(self.client.clone(), SYSTEM_NS);
@@ -772,6 +762,25 @@ fn chart_dir() -> Result<String> {
         None => workspace_root()?.join("charts/endpoints-guard"),
     };
     Ok(chart.display().to_string())
+}
+
+/// `helm upgrade --reuse-values` of the release with `args` (`--set ...`),
+/// waiting up to 180 s for its rollout.
+fn upgrade_chart(node: &RealNode, args: &[&str]) -> Result<()> {
+    let chart = chart_dir()?;
+    let mut all = vec![
+        "upgrade",
+        RELEASE,
+        &chart,
+        "--namespace",
+        SYSTEM_NS,
+        "--reuse-values",
+        "--wait",
+        "--timeout",
+        "180s",
+    ];
+    all.extend(args);
+    helm(node, &all)
 }
 
 fn helm(node: &RealNode, args: &[&str]) -> Result<()> {

@@ -53,7 +53,7 @@ const GAPLESS: [&str; 7] = [
 const OPT_OUT_GRACE_S: u64 = 10;
 /// How long kube-controller-manager gets to publish again.
 const UPSTREAM_BACK: Duration = Duration::from_secs(20);
-pub(super) const OUR_MANAGER: &str = "endpoints-guard";
+const OUR_MANAGER: &str = "endpoints-guard";
 const UPSTREAM_SLICES: &str = "endpointslice-controller.k8s.io";
 const MIRRORING: &str = "endpointslicemirroring-controller.k8s.io";
 /// The field manager kube-controller-manager's writes carry.
@@ -276,35 +276,7 @@ async fn scenario(
     let deployments: Api<Deployment> = Api::namespaced(run.client.clone(), TEST_NS);
     match name {
         OPT_IN => {
-            // docs/opt-in.md's steps: the selector into the annotation, the
-            // labels, endpoints-guard's slices beside upstream's, then the
-            // selector goes.
-            let patch = json!({"metadata": {
-                "annotations": {ANNOTATION_SELECTOR: r#"{"app":"web"}"#},
-                "labels": {LABEL_OPT_IN: "true", LABEL_SKIP_MIRROR: "true"},
-            }});
-            services
-                .patch(SERVICE, &PatchParams::default(), &Patch::Merge(&patch))
-                .await?;
-            wait_until(
-                "endpoints-guard's slices of web beside upstream's",
-                Duration::from_secs(60),
-                || publishes_every_pod(&pair.web, OUR_MANAGER),
-            )
-            .await?;
-            let remove = json!({"spec": {"selector": null}});
-            services
-                .patch(SERVICE, &PatchParams::default(), &Patch::Merge(&remove))
-                .await?;
-            wait_until(
-                "upstream's slices of web taken over",
-                Duration::from_secs(60),
-                || {
-                    publishes_every_pod(&pair.web, OUR_MANAGER)
-                        && managers_now(&pair.web) == BTreeSet::from([OUR_MANAGER.to_string()])
-                },
-            )
-            .await?;
+            opt_in_web(&services, &pair.web).await?;
             Ok("web labelled and annotated, then its selector removed".to_string())
         }
         OPT_OUT => {
@@ -522,23 +494,7 @@ async fn scenario(
             // Every replica's watch-chaos answers /version with minor 40; the
             // chart's pods roll, and start with the newest rules.
             let newer = r#"chaos.args=["--listen=127.0.0.1:8001","--control=0.0.0.0:8002","--fault=version:server-version:minor=40"]"#;
-            let chart = chart_dir()?;
-            helm(
-                run.node,
-                &[
-                    "upgrade",
-                    RELEASE,
-                    &chart,
-                    "--namespace",
-                    SYSTEM_NS,
-                    "--reuse-values",
-                    "--set-json",
-                    newer,
-                    "--wait",
-                    "--timeout",
-                    "180s",
-                ],
-            )?;
+            upgrade_chart(run.node, &["--set-json", newer])?;
             wait_until_async(
                 "a replica warning of the newer server",
                 Duration::from_secs(60),
@@ -617,7 +573,7 @@ fn managed_by(ep: &Endpoints) -> Option<&str> {
 }
 
 /// The managed-by values of the Service's slices now.
-pub(super) fn managers_now(watch: &ServiceWatch) -> BTreeSet<String> {
+fn managers_now(watch: &ServiceWatch) -> BTreeSet<String> {
     watch
         .slices()
         .iter()
@@ -626,7 +582,7 @@ pub(super) fn managers_now(watch: &ServiceWatch) -> BTreeSet<String> {
 }
 
 /// Whether the slices of `manager` alone publish every live ready pod.
-pub(super) fn publishes_every_pod(watch: &ServiceWatch, manager: &str) -> bool {
+fn publishes_every_pod(watch: &ServiceWatch, manager: &str) -> bool {
     let ready: BTreeSet<String> = watch
         .slices()
         .iter()
@@ -814,6 +770,35 @@ fn applied(spec: Value) -> Value {
         }
     }
     manifest
+}
+
+/// `web` opted in by docs/opt-in.md's steps: the selector into the
+/// annotation, the labels, endpoints-guard's slices beside upstream's, then
+/// the selector goes; done when endpoints-guard alone publishes it.
+pub(super) async fn opt_in_web(services: &Api<Service>, web: &ServiceWatch) -> Result<()> {
+    let patch = json!({"metadata": {
+        "annotations": {ANNOTATION_SELECTOR: r#"{"app":"web"}"#},
+        "labels": {LABEL_OPT_IN: "true", LABEL_SKIP_MIRROR: "true"},
+    }});
+    services
+        .patch(SERVICE, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    wait_until(
+        "endpoints-guard's slices of web beside upstream's",
+        Duration::from_secs(60),
+        || publishes_every_pod(web, OUR_MANAGER),
+    )
+    .await?;
+    remove_selector(services).await?;
+    wait_until(
+        "upstream's slices of web taken over",
+        Duration::from_secs(60),
+        || {
+            publishes_every_pod(web, OUR_MANAGER)
+                && managers_now(web) == BTreeSet::from([OUR_MANAGER.to_string()])
+        },
+    )
+    .await
 }
 
 async fn remove_selector(services: &Api<Service>) -> Result<()> {

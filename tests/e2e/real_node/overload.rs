@@ -24,12 +24,9 @@
 //! `EG_E2E_NODE_ONLY=overload`: a node of its own (the rest of the real-node
 //! rows keep APF off), report in `target/e2e-node/overload/`.
 
-use std::collections::BTreeSet;
-
 use eg_node::traffic::Moment;
-use endpoints_guard::desired::scope::{ANNOTATION_SELECTOR, LABEL_OPT_IN, LABEL_SKIP_MIRROR};
 
-use super::opt_in::{OUR_MANAGER, PLAIN, cluster_ip, managers_now, publishes_every_pod};
+use super::opt_in::{PLAIN, cluster_ip, opt_in_web};
 use super::*;
 use crate::co_tenant::{self, CoTenant, Filler, FloodCounts, apf_waits, percentile};
 
@@ -121,21 +118,7 @@ pub(super) async fn rows(run: &mut Run<'_>) -> Result<()> {
     let mut phases = Vec::new();
     for flow_schemas in [false, true] {
         if flow_schemas {
-            let chart = chart_dir()?;
-            helm(
-                run.node,
-                &[
-                    "upgrade",
-                    RELEASE,
-                    &chart,
-                    "--namespace",
-                    SYSTEM_NS,
-                    "--reuse-values",
-                    "--set",
-                    "flowSchemas.enabled=true",
-                    "--wait",
-                ],
-            )?;
+            upgrade_chart(run.node, &["--set", "flowSchemas.enabled=true"])?;
         }
         let phase = run_phase(run, flow_schemas, &tenant, [&web, &plain], targets).await?;
         eprintln!("e2e_node: {ROW}: {phase:?}");
@@ -168,33 +151,6 @@ pub(super) async fn rows(run: &mut Run<'_>) -> Result<()> {
         "endpoints-guard changed leader {guard_with} times with its FlowSchemas"
     );
     Ok(())
-}
-
-/// `web` opted in by docs/opt-in.md's steps, until endpoints-guard alone
-/// publishes it.
-async fn opt_in_web(services: &Api<Service>, web: &ServiceWatch) -> Result<()> {
-    let patch = json!({"metadata": {
-        "annotations": {ANNOTATION_SELECTOR: r#"{"app":"web"}"#},
-        "labels": {LABEL_OPT_IN: "true", LABEL_SKIP_MIRROR: "true"},
-    }});
-    services
-        .patch(SERVICE, &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
-    wait_until(
-        "endpoints-guard's slices of web",
-        Duration::from_secs(60),
-        || publishes_every_pod(web, OUR_MANAGER),
-    )
-    .await?;
-    let remove = json!({"spec": {"selector": null}});
-    services
-        .patch(SERVICE, &PatchParams::default(), &Patch::Merge(&remove))
-        .await?;
-    wait_until("web taken over", Duration::from_secs(60), || {
-        publishes_every_pod(web, OUR_MANAGER)
-            && managers_now(web) == BTreeSet::from([OUR_MANAGER.to_string()])
-    })
-    .await
 }
 
 async fn run_phase(
@@ -384,6 +340,8 @@ pub(super) fn verdict(rows: &[Row]) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use super::*;
 
     fn moment(at: Instant, published: &[&str], live: &[&str]) -> Moment {
