@@ -12,10 +12,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use eg_harness::{ControlPlane, PodBuilder};
 use futures::StreamExt;
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
@@ -23,6 +22,8 @@ use kube::api::{ListParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 use tokio::task::JoinHandle;
+
+use crate::common::service_account_token;
 
 /// The co-tenant's namespace and ServiceAccount.
 pub const TENANT: &str = "tenant";
@@ -131,7 +132,7 @@ impl CoTenant {
             .collect()
             .await;
         created.into_iter().collect::<Result<Vec<_>>>()?;
-        let token = token(&admin, TENANT, FLOOD_SA).await?;
+        let token = service_account_token(&admin, TENANT, FLOOD_SA).await?;
         Ok(Self {
             client: cp.client_for_token(&token).await?,
             filler,
@@ -200,23 +201,6 @@ async fn list_and_get(client: &Client, filler: Filler, name: &str) -> [Result<()
             ]
         }
     }
-}
-
-/// A token of ServiceAccount `namespace/name`, an hour long.
-pub async fn token(client: &Client, namespace: &str, name: &str) -> Result<String> {
-    let request = TokenRequest {
-        spec: Some(TokenRequestSpec {
-            expiration_seconds: Some(3600),
-            ..TokenRequestSpec::default()
-        }),
-        ..TokenRequest::default()
-    };
-    Api::<ServiceAccount>::namespaced(client.clone(), namespace)
-        .create_token_request(name, &PostParams::default(), &request)
-        .await?
-        .status
-        .and_then(|s| s.token)
-        .context("TokenRequest without a token")
 }
 
 /// Per FlowSchema, the sum (s) and count of the request waits in APF

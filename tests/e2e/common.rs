@@ -187,3 +187,28 @@ pub fn endpoints_guard() -> std::path::PathBuf {
         Err(err) => panic!("{err:#}"),
     }
 }
+
+/// A token of ServiceAccount `namespace/name`, an hour long, as the kubelet
+/// would project it.
+pub async fn service_account_token(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> anyhow::Result<String> {
+    use anyhow::Context;
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            expiration_seconds: Some(3600),
+            ..TokenRequestSpec::default()
+        }),
+        ..TokenRequest::default()
+    };
+    Api::<ServiceAccount>::namespaced(client.clone(), namespace)
+        .create_token_request(name, &kube::api::PostParams::default(), &request)
+        .await?
+        .status
+        .and_then(|s| s.token)
+        .context("TokenRequest without a token")
+}

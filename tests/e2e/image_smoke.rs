@@ -20,7 +20,6 @@ use anyhow::{Context, Result, bail};
 use eg_harness::loopback;
 use eg_harness::process::free_port;
 use eg_harness::{ControlPlane, ControlPlaneOptions};
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Endpoints, Namespace, Node, ServiceAccount};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -60,7 +59,7 @@ async fn image_runs_as_the_chart_runs_it() -> Result<()> {
 
     let step = Instant::now();
     let applied = apply_chart_rbac(&client).await?;
-    let token = service_account_token(&client).await?;
+    let token = crate::common::service_account_token(&client, RELEASE, RELEASE).await?;
     let secrets = tempfile::Builder::new()
         .prefix("eg-image-smoke-sa-")
         .tempdir()?;
@@ -321,23 +320,6 @@ where
         .await
         .with_context(|| format!("creating {object:?}"))?;
     Ok(())
-}
-
-/// A token of the chart's ServiceAccount, as the kubelet would project it.
-async fn service_account_token(client: &Client) -> Result<String> {
-    let request = TokenRequest {
-        spec: Some(TokenRequestSpec {
-            expiration_seconds: Some(3600),
-            ..TokenRequestSpec::default()
-        }),
-        ..TokenRequest::default()
-    };
-    Api::<ServiceAccount>::namespaced(client.clone(), RELEASE)
-        .create_token_request(RELEASE, &PostParams::default(), &request)
-        .await?
-        .status
-        .and_then(|s| s.token)
-        .context("TokenRequest without a token")
 }
 
 /// `token`, `ca.crt` and `namespace`, readable by uid 65532 (the folder is

@@ -33,7 +33,7 @@ use kube::{Api, Client};
 use serde_json::json;
 
 use crate::co_tenant::{self, CoTenant, Filler, FloodCounts, apf_waits, percentile};
-use crate::common::{endpoints_guard, eventually};
+use crate::common::{endpoints_guard, eventually, service_account_token};
 
 const NS: &str = "shop";
 const SYSTEM_NS: &str = "endpoints-guard";
@@ -169,7 +169,7 @@ fn helm(cp: &ControlPlane, args: &[&str]) -> Result<()> {
 /// The endpoints-guard binary with the chart's ServiceAccount, in opt-in
 /// scope with leader election, as the chart runs it.
 async fn start_guard(cp: &ControlPlane) -> Result<Process> {
-    let token = co_tenant::token(&cp.client(), SYSTEM_NS, "endpoints-guard").await?;
+    let token = service_account_token(&cp.client(), SYSTEM_NS, "endpoints-guard").await?;
     let kubeconfig = cp.kubeconfig_for_token("endpoints-guard-sa", &token)?;
     let args: Vec<String> = [
         "--kubeconfig",

@@ -28,7 +28,6 @@ use eg_harness::loopback;
 use eg_harness::process::{Process, free_ports};
 use eg_harness::{ControlPlane, ControlPlaneOptions, PodBuilder, PodStatusSpec};
 use endpoints_guard::metrics::prevention::ALL as PREVENTION_REASONS;
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Endpoints, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::Api;
@@ -149,19 +148,7 @@ async fn service_account_token(cp: &ControlPlane, name: &str) -> Result<std::pat
     let accounts: Api<ServiceAccount> = Api::namespaced(cp.client(), MONITORING);
     let account: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": name}}))?;
     accounts.create(&PostParams::default(), &account).await?;
-    let request = TokenRequest {
-        spec: Some(TokenRequestSpec {
-            expiration_seconds: Some(3600),
-            ..TokenRequestSpec::default()
-        }),
-        ..TokenRequest::default()
-    };
-    let token = accounts
-        .create_token_request(name, &PostParams::default(), &request)
-        .await?
-        .status
-        .and_then(|s| s.token)
-        .context("TokenRequest without a token")?;
+    let token = common::service_account_token(&cp.client(), MONITORING, name).await?;
     let file = cp.log_dir().join(format!("token-{name}"));
     std::fs::write(&file, token)?;
     Ok(file)
