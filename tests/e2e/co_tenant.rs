@@ -184,23 +184,25 @@ impl CoTenant {
 
 async fn list_and_get(client: &Client, filler: Filler, name: &str) -> [Result<(), kube::Error>; 2] {
     match filler {
-        Filler::Pods => {
-            let all: Api<Pod> = Api::all(client.clone());
-            let one: Api<Pod> = Api::namespaced(client.clone(), TENANT);
-            [
-                all.list(&ListParams::default()).await.map(drop),
-                one.get(name).await.map(drop),
-            ]
-        }
-        Filler::ConfigMaps => {
-            let all: Api<ConfigMap> = Api::all(client.clone());
-            let one: Api<ConfigMap> = Api::namespaced(client.clone(), TENANT);
-            [
-                all.list(&ListParams::default()).await.map(drop),
-                one.get(name).await.map(drop),
-            ]
-        }
+        Filler::Pods => list_and_get_of::<Pod>(client, name).await,
+        Filler::ConfigMaps => list_and_get_of::<ConfigMap>(client, name).await,
     }
+}
+
+/// A LIST of every `K` and a GET of `name` in the co-tenant's namespace.
+async fn list_and_get_of<K>(client: &Client, name: &str) -> [Result<(), kube::Error>; 2]
+where
+    K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let all: Api<K> = Api::all(client.clone());
+    let one: Api<K> = Api::namespaced(client.clone(), TENANT);
+    [
+        all.list(&ListParams::default()).await.map(drop),
+        one.get(name).await.map(drop),
+    ]
 }
 
 /// Per FlowSchema, the sum (s) and count of the request waits in APF
