@@ -188,10 +188,12 @@ pub struct Config {
     /// One ghost-scan pass over all those objects is spread over this long
     /// (at least one read every two seconds, at most --ghost-scan-qps): the
     /// scan alone finds a ghost within about this long where the cap does
-    /// not bind (up to 9,000 pods and Services at the defaults), else
-    /// within objects / qps. 0: read as fast as --ghost-scan-qps allows. A
-    /// shorter period finds a ghost sooner for more reads (docs/bench-runs.md).
-    #[arg(long, env = "EG_GHOST_SCAN_PERIOD", default_value = "30m", value_parser = parse_duration)]
+    /// not bind (up to 108,000 pods and Services at the defaults), else
+    /// within objects / qps. It is the backstop: the resync and the
+    /// compaction audit find a ghost within minutes (docs/ghosts.md). 0:
+    /// read as fast as --ghost-scan-qps allows. A shorter period finds a
+    /// ghost sooner for more reads (docs/bench-runs.md).
+    #[arg(long, env = "EG_GHOST_SCAN_PERIOD", default_value = "6h", value_parser = parse_duration)]
     pub ghost_scan_period: Duration,
 
     /// How often to ask whether etcd was compacted since the last audit (one

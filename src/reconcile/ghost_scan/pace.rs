@@ -96,6 +96,16 @@ mod tests {
             period: Duration::from_secs(900),
         };
         assert_eq!(slow.gap(3).as_millis(), 2000);
+        // The default period, six hours, at most 5 reads a second: the
+        // floor below 10,800 targets (1,100: 100 Services × 1,000 pods),
+        // about half a read a second at 11,000, the cap above 108,000.
+        let default = Pace {
+            qps: 5.0,
+            period: Duration::from_secs(6 * 3600),
+        };
+        assert_eq!(default.gap(1_100).as_millis(), 2_000);
+        assert_eq!(default.gap(11_000).as_millis(), 1_963);
+        assert_eq!(default.gap(110_000).as_millis(), 200);
     }
 
     #[test]

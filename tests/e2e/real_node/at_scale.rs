@@ -108,7 +108,7 @@ pub(super) async fn rows(run: &mut Run<'_>, kcm: Option<Process>) -> Result<()> 
     run.install_chart_with(&[
         "scope=all",
         "chaos.enabled=false",
-        "ghostScanPeriod=30m",
+        "ghostScanPeriod=6h",
         "resyncInterval=90s",
     ])
     .await?;

@@ -94,7 +94,7 @@ pub(super) async fn rows(run: &mut Run<'_>) -> Result<()> {
     run.install_chart_with(&[
         "scope=opt-in",
         "chaos.enabled=false",
-        "ghostScanPeriod=30m",
+        "ghostScanPeriod=6h",
         "resyncInterval=90s",
         "leaderElection.leaseDuration=15s",
         "leaderElection.renewGrace=10s",

@@ -329,7 +329,7 @@ Options:
           [default: 5]
 
       --ghost-scan-period <GHOST_SCAN_PERIOD>
-          [default: 30m]
+          [default: 6h]
 
   -h, --help
           Print help (see a summary with '-h')
@@ -355,7 +355,7 @@ Options:
                 .and_then(|d| d.full_resync_interval),
             Some(Duration::from_secs(1200))
         );
-        assert_eq!(flag_default(HELP, "--ghost-scan-period"), Some("30m"));
+        assert_eq!(flag_default(HELP, "--ghost-scan-period"), Some("6h"));
         // A flag without a default of its own does not take the next flag's.
         let without = HELP.replace("          [default: 2m]\n", "");
         assert_eq!(flag_default(&without, "--resync-interval"), None);
