@@ -163,9 +163,9 @@ async fn run() -> Result<Report> {
         &binary,
         &proxy.kubeconfig,
         // The ghost scan at a fixed rate (no pass period): at the default
-        // 30 min period a pass over this workload would take 30 min, and the
-        // ghost fault could not converge within its budget in a 30-minute
-        // soak; `faults::ghost_scan_bound` assumes this rate.
+        // 6-hour period a pass over this workload reads one object every two
+        // seconds (the floor), too slow for the ghost fault to converge
+        // within its budget; `faults::ghost_scan_bound` assumes this rate.
         &[
             "--resync-interval",
             &resync,
