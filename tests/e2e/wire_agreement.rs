@@ -41,6 +41,9 @@ fn counted_protobuf(raw: &[u8]) -> Result<PodWire, String> {
 struct Delivered {
     /// `namespace/name@resourceVersion` of the object the change leaves.
     at: String,
+    /// The projection the change leaves in the cache.
+    left: String,
+    /// The whole change: its kind, and for an update the state it replaced.
     line: String,
 }
 
@@ -69,9 +72,10 @@ impl Side {
                     Change::DeletionCandidate(p) => (p, format!("deletion candidate {p:?}")),
                 };
                 let at = format!("{}@{}", left.key(), left.resource_version());
+                let left = format!("{left:?}");
                 log.lock()
                     .unwrap_or_else(PoisonError::into_inner)
-                    .push(Delivered { at, line });
+                    .push(Delivered { at, left, line });
             })
             .page_limit(4);
         if protobuf {
@@ -148,9 +152,10 @@ impl Side {
 /// delivers every watch event as a change unless it restarted (the server
 /// closed its watch, a watch cache lagging behind under load answered
 /// "too large resource version"): its relist then delivers the difference
-/// in one step. A watcher that did not restart must hold every change the
-/// other delivered, and the changes both delivered for the same object at
-/// the same RV must be the same.
+/// in one step (an update from an older state, or an add). A watcher that
+/// did not restart must hold every change the other delivered, and what the
+/// changes both delivered for the same object at the same RV leave in the
+/// cache must be the same.
 fn assert_same_changes(json: &Side, proto: &Side, min: usize) -> Result<()> {
     for side in [json, proto] {
         ensure!(
@@ -159,49 +164,94 @@ fn assert_same_changes(json: &Side, proto: &Side, min: usize) -> Result<()> {
             side.counts.snapshot()
         );
     }
-    let (json_changes, proto_changes) = (json.changes(), proto.changes());
     let (json_restarts, proto_restarts) = (json.restarts(), proto.restarts());
-    if json_restarts.is_empty() && proto_restarts.is_empty() {
+    if !(json_restarts.is_empty() && proto_restarts.is_empty()) {
+        eprintln!("restarts: JSON {json_restarts:?}, protobuf {proto_restarts:?}");
+    }
+    same_changes(
+        (&json.changes(), !json_restarts.is_empty()),
+        (&proto.changes(), !proto_restarts.is_empty()),
+        min,
+    )
+}
+
+/// [`assert_same_changes`] on what each watcher delivered and whether it
+/// restarted.
+fn same_changes(
+    (json, json_restarted): (&[Delivered], bool),
+    (proto, proto_restarted): (&[Delivered], bool),
+    min: usize,
+) -> Result<()> {
+    if !(json_restarted || proto_restarted) {
+        ensure!(json.len() >= min, "only {} changes", json.len());
         ensure!(
-            json_changes.len() >= min,
-            "only {} changes",
-            json_changes.len()
-        );
-        assert_eq!(
-            proto_changes, json_changes,
-            "each watch event projects the same"
+            proto == json,
+            "each watch event projects the same: protobuf {proto:#?}, JSON {json:#?}"
         );
         return Ok(());
     }
-    eprintln!("restarts: JSON {json_restarts:?}, protobuf {proto_restarts:?}");
     let by_at = |changes: &[Delivered]| -> BTreeMap<String, String> {
         changes
             .iter()
-            .map(|d| (d.at.clone(), d.line.clone()))
+            .map(|d| (d.at.clone(), d.left.clone()))
             .collect()
     };
-    let (json_at, proto_at) = (by_at(&json_changes), by_at(&proto_changes));
-    let (lone, whole, whole_name) = if json_restarts.is_empty() {
-        (&proto_at, &json_at, "JSON")
-    } else {
-        (&json_at, &proto_at, "protobuf")
-    };
-    if json_restarts.is_empty() || proto_restarts.is_empty() {
-        let missing: Vec<&String> = lone.keys().filter(|at| !whole.contains_key(*at)).collect();
-        ensure!(
-            missing.is_empty(),
-            "the {whole_name} watcher never delivered {missing:?}"
-        );
+    let (json_at, proto_at) = (by_at(json), by_at(proto));
+    for (restarted, lone, whole, whole_name) in [
+        (json_restarted, &proto_at, &json_at, "JSON"),
+        (proto_restarted, &json_at, &proto_at, "protobuf"),
+    ] {
+        if !restarted {
+            let missing: Vec<&String> = lone.keys().filter(|at| !whole.contains_key(*at)).collect();
+            ensure!(
+                missing.is_empty(),
+                "the {whole_name} watcher never delivered {missing:?}"
+            );
+        }
     }
     let mut shared = 0;
-    for (at, line) in &json_at {
+    for (at, left) in &json_at {
         if let Some(other) = proto_at.get(at) {
-            assert_eq!(other, line, "{at} projects the same");
+            ensure!(
+                other == left,
+                "{at} projects differently: protobuf {other}, JSON {left}"
+            );
             shared += 1;
         }
     }
     ensure!(shared >= min, "only {shared} changes delivered by both");
     Ok(())
+}
+
+#[test]
+fn a_restarted_watcher_is_held_to_what_it_delivered() {
+    let change = |name: &str, rv: u32, left: &str, line: &str| Delivered {
+        at: format!("wire/{name}@{rv}"),
+        left: left.into(),
+        line: line.into(),
+    };
+    let watched = [
+        change("a", 1, "a1", "added a1"),
+        change("a", 2, "a2", "updated a1 -> a2"),
+        change("a", 3, "a3", "updated a2 -> a3"),
+    ];
+    // The relist skipped a2 and delivered a3 as an update from a1.
+    let relisted = [
+        change("a", 1, "a1", "added a1"),
+        change("a", 3, "a3", "updated a1 -> a3"),
+    ];
+    assert!(same_changes((&watched, false), (&watched, false), 3).is_ok());
+    assert!(same_changes((&watched, false), (&relisted, false), 2).is_err());
+    assert!(same_changes((&watched, false), (&relisted, true), 2).is_ok());
+    assert!(same_changes((&relisted, true), (&watched, false), 2).is_ok());
+    // Fewer shared than asked for.
+    assert!(same_changes((&watched, false), (&relisted, true), 3).is_err());
+    // The watcher that did not restart lacks a change the other delivered.
+    assert!(same_changes((&relisted, false), (&watched, true), 2).is_err());
+    // The same object at the same RV, projected differently.
+    let mut wrong = relisted.clone();
+    wrong[1].left = "a3 with another IP".into();
+    assert!(same_changes((&watched, false), (&wrong, true), 2).is_err());
 }
 
 impl Drop for Side {
