@@ -7,8 +7,9 @@
 //! through the WATCH path (pods made and changed while they watch) and the
 //! LIST path (two more watchers started afterwards). Each cached pod, and
 //! each change delivered, must be the same for both, and the same as the
-//! projection of the whole typed Pod. And a real JSON watch line is in the
-//! order the watcher's metadata-first read relies on.
+//! projection of the whole typed Pod. A metadata-only LIST comes in
+//! protobuf and names what a typed LIST names. And a real JSON watch line is
+//! in the order the watcher's metadata-first read relies on.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -19,6 +20,7 @@ use anyhow::{Context, Result, bail, ensure};
 use eg_harness::{ControlPlane, ControlPlaneOptions, PodBuilder, PodStatusSpec};
 use endpoints_guard::desired::{PodFields, PodInfo};
 use endpoints_guard::wire::PodWire;
+use hardened_watcher::live::{self, LiveMeta, PageFrom};
 use hardened_watcher::{Cached, Change, CountingObserver, ObjectKey, Store, Watcher};
 use k8s_openapi::api::core::v1::{Container, ContainerPort, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -442,6 +444,57 @@ async fn protobuf_and_json_decode_the_same_pods() -> Result<()> {
     assert_eq!(json_list.cached(), whole);
     assert_eq!(proto_list.cached(), whole);
     assert_same_changes(&json_list, &proto_list, whole.len())?;
+    metadata_pages_agree_with_the_typed_list(&cp).await
+}
+
+/// A metadata-only LIST (`live::list_meta_page`, the compaction audit's)
+/// arrives in protobuf, page by page at the revision of a typed JSON LIST,
+/// and names the same pods with the same UIDs and resourceVersions.
+async fn metadata_pages_agree_with_the_typed_list(cp: &ControlPlane) -> Result<()> {
+    let typed = Api::<Pod>::all(cp.client())
+        .list(&ListParams::default())
+        .await
+        .context("listing every pod")?;
+    let at = typed.metadata.resource_version.clone().unwrap_or_default();
+    let want: BTreeMap<ObjectKey, LiveMeta> = typed
+        .items
+        .iter()
+        .map(|pod| {
+            let key = ObjectKey::new(
+                pod.metadata.namespace.clone().unwrap_or_default(),
+                pod.metadata.name.clone().unwrap_or_default(),
+            );
+            let meta = LiveMeta {
+                uid: pod.metadata.uid.clone().unwrap_or_default(),
+                resource_version: pod.metadata.resource_version.clone().unwrap_or_default(),
+            };
+            (key, meta)
+        })
+        .collect();
+    let client = cp.client();
+    let (mut got, mut pages) = (BTreeMap::new(), 0);
+    let mut token: Option<String> = None;
+    loop {
+        let from = token
+            .as_deref()
+            .map_or(PageFrom::Exactly(&at), PageFrom::Continue);
+        let page = live::list_meta_page::<Pod>(&client, &(), 4, from, "list")
+            .await
+            .with_context(|| format!("metadata page {} at {at}", pages + 1))?;
+        pages += 1;
+        ensure!(page.protobuf, "metadata page {pages} was not protobuf");
+        ensure!(page.unreadable == 0, "page {pages}: {page:?}");
+        got.extend(page.items);
+        token = page.continue_token;
+        if token.is_none() {
+            break;
+        }
+    }
+    ensure!(pages >= 3, "{} pods in {pages} pages of 4", want.len());
+    assert_eq!(
+        got, want,
+        "the metadata pages name what the typed list names"
+    );
     Ok(())
 }
 

@@ -253,7 +253,7 @@ pub struct Page<T> {
 }
 
 /// The request for one LIST page, whichever format it asks for.
-fn page_request(
+pub(crate) fn page_request(
     request: &kube::core::Request,
     page: &PageAt<'_>,
 ) -> Result<http::Request<Vec<u8>>, kube::Error> {
@@ -348,7 +348,7 @@ pub async fn fetch_page_either(
 }
 
 /// A body that is no list, as the JSON path reports one: a decode error.
-fn decode_error(message: String) -> kube::Error {
+pub(crate) fn decode_error(message: String) -> kube::Error {
     kube::Error::SerdeError(<serde_json::Error as serde::de::Error>::custom(message))
 }
 

@@ -3,7 +3,7 @@
 //! with both off, in one run on one control plane (docs/bench-runs.md).
 //!
 //! ```text
-//! SIZE=S|M|L eg-auditcost [--window-secs 240] [--repeat 2]
+//! SIZE=S|M|L eg-auditcost [--window-secs 240] [--repeat 2] [--baseline PATH]
 //! ```
 //!
 //! kube-apiserver compacts etcd every 60 s here, so a window holds several
@@ -12,8 +12,11 @@
 //! one such list divided by 5. Each round runs endpoints-guard three times,
 //! one configuration after the other, on the same workload: `off` (no audit,
 //! no scan), `audit` (the audit every minute, no scan), `scan` (the scan at
-//! its defaults, no audit). Each run waits for the caches to sync and 30 s
-//! more, then measures kube-apiserver's and etcd's CPU over the window.
+//! its defaults, no audit). With `--baseline`, a fourth run per round is
+//! another endpoints-guard binary's audit (`audit-baseline`), to compare two
+//! builds' audits in one run. Each run waits for the caches to sync and 30 s
+//! more, then measures kube-apiserver's and etcd's CPU and the bytes of its
+//! answers over the window.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -35,6 +38,8 @@ struct Options {
     window: Duration,
     repeat: u32,
     binary: PathBuf,
+    /// Another build whose audit is measured beside this one's.
+    baseline: Option<PathBuf>,
 }
 
 fn parse() -> Result<Options> {
@@ -46,6 +51,7 @@ fn parse() -> Result<Options> {
         binary: std::env::var_os("EG_BINARY")
             .map(PathBuf::from)
             .unwrap_or_else(|| root.join("target/release/endpoints-guard")),
+        baseline: None,
     };
     for (flag, value) in eg_bench::flag_values()? {
         match flag.as_str() {
@@ -53,44 +59,62 @@ fn parse() -> Result<Options> {
                 opts.window = Duration::from_secs(value.parse().context("--window-secs")?)
             }
             "--repeat" => opts.repeat = value.parse().context("--repeat")?,
+            "--baseline" => opts.baseline = Some(PathBuf::from(value)),
             other => bail!(
-                "unknown flag {other}; usage: SIZE=S|M|L eg-auditcost [--window-secs N] [--repeat N]"
+                "unknown flag {other}; usage: SIZE=S|M|L eg-auditcost [--window-secs N] [--repeat N] [--baseline PATH]"
             ),
         }
     }
     Ok(opts)
 }
 
-/// One configuration of endpoints-guard: its name, `--ghost-scan-qps` and
-/// `--compaction-audit-interval`.
+/// One configuration of endpoints-guard: its name, `--ghost-scan-qps`,
+/// `--compaction-audit-interval`, and whether it runs the baseline build.
 struct Config {
     name: &'static str,
     scan_qps: &'static str,
     audit_every: &'static str,
+    baseline: bool,
 }
 
-const CONFIGS: [Config; 3] = [
+const CONFIGS: [Config; 4] = [
     Config {
         name: "off",
         scan_qps: "0",
         audit_every: "0",
+        baseline: false,
     },
     Config {
         name: "audit",
         scan_qps: "0",
         audit_every: "1m",
+        baseline: false,
     },
     Config {
         name: "scan",
         scan_qps: "5",
         audit_every: "0",
+        baseline: false,
+    },
+    Config {
+        name: "audit-baseline",
+        scan_qps: "0",
+        audit_every: "1m",
+        baseline: true,
     },
 ];
+
+/// What one round runs: the baseline's audit only when there is one.
+fn configs(opts: &Options) -> impl Iterator<Item = &'static Config> {
+    let with_baseline = opts.baseline.is_some();
+    CONFIGS.iter().filter(move |c| with_baseline || !c.baseline)
+}
 
 /// What one window measured.
 struct Window {
     config: &'static str,
     plane_cpu_s_per_min: f64,
+    response_bytes: f64,
     audits_listed: f64,
     scan_reads: f64,
 }
@@ -101,9 +125,13 @@ async fn measure(cp: &ControlPlane, opts: &Options, config: &Config, round: u32)
         format!("--compaction-audit-interval={}", config.audit_every),
         "--resync-interval=90s".to_string(),
     ];
+    let binary = match (&opts.baseline, config.baseline) {
+        (Some(baseline), true) => baseline,
+        _ => &opts.binary,
+    };
     let mut guard = start_guard(
         cp,
-        &opts.binary,
+        binary,
         cp.kubeconfig_path(),
         &args,
         &format!("guard-{}-{round}", config.name),
@@ -132,6 +160,7 @@ async fn measure(cp: &ControlPlane, opts: &Options, config: &Config, round: u32)
     Ok(Window {
         config: config.name,
         plane_cpu_s_per_min: (spend.apiserver_cpu_s + spend.etcd_cpu_s) * 60.0 / spend.window_s,
+        response_bytes: spend.response_bytes,
         audits_listed: series(&after_metrics, listed) - series(&before_metrics, listed),
         scan_reads: series(&after_metrics, reads) - series(&before_metrics, reads),
     })
@@ -165,41 +194,52 @@ async fn run(opts: Options) -> Result<()> {
     );
     let mut windows = Vec::new();
     for round in 1..=opts.repeat {
-        for config in &CONFIGS {
+        for config in configs(&opts) {
             let window = measure(&cp, &opts, config, round).await?;
             eprintln!(
-                "round {round} {:>5}: kube-apiserver + etcd {:.3} CPU-s/min; {} audit lists, {} scan reads",
-                window.config, window.plane_cpu_s_per_min, window.audits_listed, window.scan_reads
+                "round {round} {:>14}: kube-apiserver + etcd {:.3} CPU-s/min; {:.0} KiB of answers; {} audit lists, {} scan reads",
+                window.config,
+                window.plane_cpu_s_per_min,
+                window.response_bytes / 1024.0,
+                window.audits_listed,
+                window.scan_reads
             );
             windows.push(window);
         }
     }
+    let per_round = configs(&opts).count();
     println!(
-        "| round | added by the audit, CPU-s/min (compaction every {} s) | compaction revisions listed | per compaction revision, CPU-s | the audit at kube-apiserver's default compaction, CPU-s/min | added by the scan at its defaults, CPU-s/min | its reads/s |",
+        "| round | build | added by the audit, CPU-s/min (compaction every {} s) | compaction revisions listed | per compaction revision: CPU-s, KiB of answers | the audit at kube-apiserver's default compaction, CPU-s/min | added by the scan at its defaults, CPU-s/min | its reads/s |",
         COMPACTION.as_secs()
     );
-    println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
-    for (round, trio) in windows.chunks(3).enumerate() {
-        let [off, audit, scan] = trio else {
-            bail!("a round measured {} windows", trio.len());
+    println!("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for (round, windows) in windows.chunks(per_round).enumerate() {
+        let [off, audit, scan, rest @ ..] = windows else {
+            bail!("a round measured {} windows", windows.len());
         };
-        let audit_added = audit.plane_cpu_s_per_min - off.plane_cpu_s_per_min;
-        // Pods and Services are each listed once per compaction revision.
-        let revisions = audit.audits_listed / 2.0;
-        let per_revision = if revisions > 0.0 {
-            audit_added * opts.window.as_secs_f64() / 60.0 / revisions
-        } else {
-            f64::NAN
-        };
-        // The one-item LIST that finds no new compaction is left out: it is
-        // in every configuration's resync already, about as cheap.
-        let at_default = per_revision * 60.0 / DEFAULT_COMPACTION.as_secs_f64();
-        println!(
-            "| {} | {audit_added:.3} | {revisions} | {per_revision:.3} | {at_default:.3} | {:.3} | {:.2} |",
-            round + 1,
-            scan.plane_cpu_s_per_min - off.plane_cpu_s_per_min,
-            scan.scan_reads / opts.window.as_secs_f64(),
-        );
+        let scan_added = scan.plane_cpu_s_per_min - off.plane_cpu_s_per_min;
+        let scan_rate = scan.scan_reads / opts.window.as_secs_f64();
+        let builds = std::iter::once(("this", audit)).chain(rest.iter().map(|b| ("baseline", b)));
+        for (build, audit) in builds {
+            let audit_added = audit.plane_cpu_s_per_min - off.plane_cpu_s_per_min;
+            // Pods and Services are each listed once per compaction revision.
+            let revisions = audit.audits_listed / 2.0;
+            let (per_revision, kib_per_revision) = if revisions > 0.0 {
+                (
+                    audit_added * opts.window.as_secs_f64() / 60.0 / revisions,
+                    (audit.response_bytes - off.response_bytes) / 1024.0 / revisions,
+                )
+            } else {
+                (f64::NAN, f64::NAN)
+            };
+            // The one-item LIST that finds no new compaction is left out: it
+            // is in every configuration's resync already, about as cheap.
+            let at_default = per_revision * 60.0 / DEFAULT_COMPACTION.as_secs_f64();
+            println!(
+                "| {} | {build} | {audit_added:.3} | {revisions} | {per_revision:.3}, {kib_per_revision:.0} | {at_default:.3} | {scan_added:.3} | {scan_rate:.2} |",
+                round + 1,
+            );
+        }
     }
     Ok(())
 }
