@@ -91,30 +91,45 @@ const CONFIGS: [Config; 4] = [
         baseline: false,
     },
     Config {
-        name: "scan",
-        scan_qps: "5",
-        audit_every: "0",
-        baseline: false,
-    },
-    Config {
         name: "audit-baseline",
         scan_qps: "0",
         audit_every: "1m",
         baseline: true,
     },
+    Config {
+        name: "scan",
+        scan_qps: "5",
+        audit_every: "0",
+        baseline: false,
+    },
 ];
 
-/// What one round runs: the baseline's audit only when there is one.
-fn configs(opts: &Options) -> impl Iterator<Item = &'static Config> {
-    let with_baseline = opts.baseline.is_some();
-    CONFIGS.iter().filter(move |c| with_baseline || !c.baseline)
+/// What round `round` runs, in order: the baseline's audit only when there
+/// is one, and the two builds' audits swap places every other round, so a
+/// drift over the run weighs on both alike.
+fn round_configs(opts: &Options, round: u32) -> Vec<&'static Config> {
+    let mut configs: Vec<&Config> = CONFIGS
+        .iter()
+        .filter(|c| opts.baseline.is_some() || !c.baseline)
+        .collect();
+    let at = |configs: &[&Config], name: &str| configs.iter().position(|c| c.name == name);
+    if round % 2 == 0
+        && let (Some(this), Some(baseline)) =
+            (at(&configs, "audit"), at(&configs, "audit-baseline"))
+    {
+        configs.swap(this, baseline);
+    }
+    configs
 }
 
 /// What one window measured.
 struct Window {
+    round: u32,
     config: &'static str,
     plane_cpu_s_per_min: f64,
     response_bytes: f64,
+    /// endpoints-guard's own CPU, from its `process_cpu_seconds_total`.
+    own_cpu_s_per_min: f64,
     audits_listed: f64,
     scan_reads: f64,
 }
@@ -150,6 +165,7 @@ async fn measure(cp: &ControlPlane, opts: &Options, config: &Config, round: u32)
     let listed = "endpoints_guard_compaction_audits_total{result=\"listed\"}";
     let failed = "endpoints_guard_compaction_audits_total{result=\"failed\"}";
     let reads = "endpoints_guard_ghost_scan_reads_total";
+    let own_cpu = "process_cpu_seconds_total";
     if series(&after_metrics, failed) > 0.0 {
         bail!(
             "{}: a compaction audit failed (see the log under {})",
@@ -158,9 +174,13 @@ async fn measure(cp: &ControlPlane, opts: &Options, config: &Config, round: u32)
         );
     }
     Ok(Window {
+        round,
         config: config.name,
         plane_cpu_s_per_min: (spend.apiserver_cpu_s + spend.etcd_cpu_s) * 60.0 / spend.window_s,
         response_bytes: spend.response_bytes,
+        own_cpu_s_per_min: (series(&after_metrics, own_cpu) - series(&before_metrics, own_cpu))
+            * 60.0
+            / spend.window_s,
         audits_listed: series(&after_metrics, listed) - series(&before_metrics, listed),
         scan_reads: series(&after_metrics, reads) - series(&before_metrics, reads),
     })
@@ -194,12 +214,13 @@ async fn run(opts: Options) -> Result<()> {
     );
     let mut windows = Vec::new();
     for round in 1..=opts.repeat {
-        for config in configs(&opts) {
+        for config in round_configs(&opts, round) {
             let window = measure(&cp, &opts, config, round).await?;
             eprintln!(
-                "round {round} {:>14}: kube-apiserver + etcd {:.3} CPU-s/min; {:.0} KiB of answers; {} audit lists, {} scan reads",
+                "round {round} {:>14}: kube-apiserver + etcd {:.3} CPU-s/min, endpoints-guard {:.3}; {:.0} KiB of answers; {} audit lists, {} scan reads",
                 window.config,
                 window.plane_cpu_s_per_min,
+                window.own_cpu_s_per_min,
                 window.response_bytes / 1024.0,
                 window.audits_listed,
                 window.scan_reads
@@ -207,19 +228,25 @@ async fn run(opts: Options) -> Result<()> {
             windows.push(window);
         }
     }
-    let per_round = configs(&opts).count();
     println!(
-        "| round | build | added by the audit, CPU-s/min (compaction every {} s) | compaction revisions listed | per compaction revision: CPU-s, KiB of answers | the audit at kube-apiserver's default compaction, CPU-s/min | added by the scan at its defaults, CPU-s/min | its reads/s |",
+        "| round | build | added by the audit, CPU-s/min (compaction every {} s) | compaction revisions listed | per compaction revision: CPU-s, KiB of answers | endpoints-guard's own CPU, added, CPU-s/min | the audit at kube-apiserver's default compaction, CPU-s/min | added by the scan at its defaults, CPU-s/min | its reads/s |",
         COMPACTION.as_secs()
     );
-    println!("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
-    for (round, windows) in windows.chunks(per_round).enumerate() {
-        let [off, audit, scan, rest @ ..] = windows else {
-            bail!("a round measured {} windows", windows.len());
+    println!("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for round in 1..=opts.repeat {
+        let of = |name: &str| {
+            windows
+                .iter()
+                .find(|w| w.round == round && w.config == name)
+                .with_context(|| format!("round {round} measured no {name} window"))
         };
+        let (off, scan) = (of("off")?, of("scan")?);
         let scan_added = scan.plane_cpu_s_per_min - off.plane_cpu_s_per_min;
         let scan_rate = scan.scan_reads / opts.window.as_secs_f64();
-        let builds = std::iter::once(("this", audit)).chain(rest.iter().map(|b| ("baseline", b)));
+        let mut builds = vec![("this", of("audit")?)];
+        if opts.baseline.is_some() {
+            builds.push(("baseline", of("audit-baseline")?));
+        }
         for (build, audit) in builds {
             let audit_added = audit.plane_cpu_s_per_min - off.plane_cpu_s_per_min;
             // Pods and Services are each listed once per compaction revision.
@@ -235,9 +262,9 @@ async fn run(opts: Options) -> Result<()> {
             // The one-item LIST that finds no new compaction is left out: it
             // is in every configuration's resync already, about as cheap.
             let at_default = per_revision * 60.0 / DEFAULT_COMPACTION.as_secs_f64();
+            let own_added = audit.own_cpu_s_per_min - off.own_cpu_s_per_min;
             println!(
-                "| {} | {build} | {audit_added:.3} | {revisions} | {per_revision:.3}, {kib_per_revision:.0} | {at_default:.3} | {scan_added:.3} | {scan_rate:.2} |",
-                round + 1,
+                "| {round} | {build} | {audit_added:.3} | {revisions} | {per_revision:.3}, {kib_per_revision:.0} | {own_added:.3} | {at_default:.3} | {scan_added:.3} | {scan_rate:.2} |",
             );
         }
     }
