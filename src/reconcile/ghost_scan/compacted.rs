@@ -34,6 +34,7 @@ use super::{Kind, Target};
 use crate::metrics::AuditResult;
 use crate::reconcile::Context;
 use crate::reconcile::kinds::{self, PodKind, ServiceKind};
+use hardened_watcher::WatchObserver as _;
 
 /// How often the audit asks, and its page size.
 #[derive(Clone, Copy, Debug)]
@@ -97,6 +98,9 @@ impl Audit {
                 Ok(None) => AuditResult::Unchanged,
                 Ok(Some(listing)) => {
                     self.listed_at.insert(kind, listing.revision);
+                    for _ in 0..listing.unreadable {
+                        ctx.metrics.undecodable(resource);
+                    }
                     listings.push((kind, listing));
                     AuditResult::Listed
                 }
@@ -147,6 +151,8 @@ struct Listing {
     revision: u64,
     /// key → (UID, resourceVersion).
     objects: HashMap<ObjectKey, (String, String)>,
+    /// Items without a readable name: skipped, and counted as undecodable.
+    unreadable: usize,
 }
 
 /// Whether etcd's state at the compaction revision `revision`, `listed`
@@ -222,7 +228,7 @@ async fn listing<K: kinds::Kind>(
     if last == Some(revision) {
         return Ok(None);
     }
-    let mut objects = HashMap::new();
+    let (mut objects, mut unreadable) = (HashMap::new(), 0);
     let at = revision.to_string();
     let mut token: Option<String> = None;
     loop {
@@ -237,12 +243,17 @@ async fn listing<K: kinds::Kind>(
         for (key, meta) in page.items {
             objects.insert(key, (meta.uid, meta.resource_version));
         }
+        unreadable += page.unreadable;
         token = page.continue_token;
         if token.is_none() {
             break;
         }
     }
-    Ok(Some(Listing { revision, objects }))
+    Ok(Some(Listing {
+        revision,
+        objects,
+        unreadable,
+    }))
 }
 
 fn revision(rv: &str) -> Result<u64, AuditError> {

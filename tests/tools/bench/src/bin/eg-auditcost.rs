@@ -128,7 +128,8 @@ struct Window {
     config: &'static str,
     plane_cpu_s_per_min: f64,
     response_bytes: f64,
-    /// endpoints-guard's own CPU, from its `process_cpu_seconds_total`.
+    /// endpoints-guard's own CPU, from /proc (its `process_cpu_seconds_total`
+    /// counts whole seconds).
     own_cpu_s_per_min: f64,
     audits_listed: f64,
     scan_reads: f64,
@@ -156,16 +157,17 @@ async fn measure(cp: &ControlPlane, opts: &Options, config: &Config, round: u32)
     let client = cp.client();
     let series = |text: &str, name: &str| sample_sum(text, name).unwrap_or(0.0);
     let before_metrics = guard.metrics().await?;
+    let own_before = guard.cpu()?;
     let before = PlaneSample::read(cp, &client).await?;
     let started = Instant::now();
     tokio::time::sleep(opts.window).await;
     let after = PlaneSample::read(cp, &client).await?;
     let after_metrics = guard.metrics().await?;
+    let own_after = guard.cpu()?;
     let spend = after.since(&before, started.elapsed().as_secs_f64());
     let listed = "endpoints_guard_compaction_audits_total{result=\"listed\"}";
     let failed = "endpoints_guard_compaction_audits_total{result=\"failed\"}";
     let reads = "endpoints_guard_ghost_scan_reads_total";
-    let own_cpu = "process_cpu_seconds_total";
     if series(&after_metrics, failed) > 0.0 {
         bail!(
             "{}: a compaction audit failed (see the log under {})",
@@ -178,9 +180,7 @@ async fn measure(cp: &ControlPlane, opts: &Options, config: &Config, round: u32)
         config: config.name,
         plane_cpu_s_per_min: (spend.apiserver_cpu_s + spend.etcd_cpu_s) * 60.0 / spend.window_s,
         response_bytes: spend.response_bytes,
-        own_cpu_s_per_min: (series(&after_metrics, own_cpu) - series(&before_metrics, own_cpu))
-            * 60.0
-            / spend.window_s,
+        own_cpu_s_per_min: own_after.since(&own_before).0 * 60.0 / spend.window_s,
         audits_listed: series(&after_metrics, listed) - series(&before_metrics, listed),
         scan_reads: series(&after_metrics, reads) - series(&before_metrics, reads),
     })
