@@ -113,7 +113,7 @@ fn round_configs(opts: &Options, round: u32) -> Vec<&'static Config> {
         .filter(|c| opts.baseline.is_some() || !c.baseline)
         .collect();
     let at = |configs: &[&Config], name: &str| configs.iter().position(|c| c.name == name);
-    if round % 2 == 0
+    if round.is_multiple_of(2)
         && let (Some(this), Some(baseline)) =
             (at(&configs, "audit"), at(&configs, "audit-baseline"))
     {
