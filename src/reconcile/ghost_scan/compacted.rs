@@ -14,8 +14,9 @@
 //! one-item LIST at it a period tells whether etcd was compacted since.
 //!
 //! When it was, the objects' metadata at the new revision is listed (pages of
-//! `--list-page-size`, `PartialObjectMetadataList` in protobuf), and every scan target whose cached state is at or below that
-//! revision is compared with it: one the list lacks, or holds as another
+//! `--list-page-size`, `PartialObjectMetadataList` in protobuf), and every
+//! scan target whose cached state is at or below that revision is compared
+//! with it: one the list lacks, or holds as another
 //! incarnation or a newer state, is read at once as the scan reads (a ghost
 //! is confirmed by two reads, a stale state repaired from a whole one). A
 //! ghost is found within about two compaction intervals of its DELETE, plus
@@ -27,14 +28,13 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use hardened_watcher::live::{self, MetaPage, PageFrom};
-use hardened_watcher::{ObjectKey, compare_rv};
+use hardened_watcher::{ObjectKey, WatchObserver as _, compare_rv};
 use tracing::{debug, info, warn};
 
 use super::{Kind, Target};
 use crate::metrics::AuditResult;
 use crate::reconcile::Context;
 use crate::reconcile::kinds::{self, PodKind, ServiceKind};
-use hardened_watcher::WatchObserver as _;
 
 /// How often the audit asks, and its page size.
 #[derive(Clone, Copy, Debug)]
@@ -194,7 +194,7 @@ enum Exact {
 }
 
 /// A metadata LIST page of every `K`, in protobuf when kube-apiserver
-/// serves it (a fraction of the JSON's bytes and of its CPU to write).
+/// serves it (about three quarters of the JSON's bytes, docs/ghosts.md).
 async fn list_meta<K: kinds::Kind>(
     ctx: &Context,
     limit: u32,
