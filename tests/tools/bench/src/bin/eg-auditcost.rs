@@ -14,7 +14,8 @@
 //! no scan), `audit` (the audit every minute, no scan), `scan` (the scan at
 //! its defaults, no audit). With `--baseline`, a fourth run per round is
 //! another endpoints-guard binary's audit (`audit-baseline`), to compare two
-//! builds' audits in one run. Each run waits for the caches to sync and 30 s
+//! builds' audits in one run: it comes right after `audit` in odd rounds and
+//! right before it in even ones (`round_configs`). Each run waits for the caches to sync and 30 s
 //! more, then measures kube-apiserver's and etcd's CPU and the bytes of its
 //! answers over the window.
 
