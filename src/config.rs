@@ -218,6 +218,15 @@ pub struct Config {
     #[arg(long, env = "EG_KUBE_API_BURST", default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub kube_api_burst: u32,
 
+    /// Ask the API server for uncompressed answers. By default large answers
+    /// (kube-apiserver gzips those over 128 KiB: list pages, not watches or
+    /// single objects) come gzipped: the compaction audit's lists, mostly
+    /// managedFields, in a fourteenth of their bytes, with no measured rise
+    /// in kube-apiserver's CPU (docs/bench-runs.md, "Compressed answers"). A
+    /// kubeconfig's `disable-compression` does the same.
+    #[arg(long, env = "EG_DISABLE_COMPRESSION")]
+    pub disable_compression: bool,
+
     /// Threads that run the controller. 1, the default, runs every task on
     /// the main thread (a current-thread runtime): the work is waiting on the
     /// API server and reconciles of microseconds, and a second thread mostly
@@ -615,6 +624,15 @@ mod tests {
         assert_eq!((cfg.kube_api_qps, cfg.kube_api_burst), (50.0, 100));
         assert!(Config::try_parse_from(["endpoints-guard", "--kube-api-qps=-1"]).is_err());
         assert!(Config::try_parse_from(["endpoints-guard", "--kube-api-burst=0"]).is_err());
+    }
+
+    #[test]
+    fn compressed_unless_disabled() {
+        let cfg = Config::try_parse_from(["endpoints-guard"]).expect("defaults parse");
+        assert!(!cfg.disable_compression);
+        let cfg = Config::try_parse_from(["endpoints-guard", "--disable-compression"])
+            .expect("parse");
+        assert!(cfg.disable_compression);
     }
 
     #[test]
