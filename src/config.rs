@@ -630,8 +630,8 @@ mod tests {
     fn compressed_unless_disabled() {
         let cfg = Config::try_parse_from(["endpoints-guard"]).expect("defaults parse");
         assert!(!cfg.disable_compression);
-        let cfg = Config::try_parse_from(["endpoints-guard", "--disable-compression"])
-            .expect("parse");
+        let cfg =
+            Config::try_parse_from(["endpoints-guard", "--disable-compression"]).expect("parse");
         assert!(cfg.disable_compression);
     }
 

@@ -109,6 +109,8 @@ fn every_flag_is_reachable_from_values() -> Result<()> {
         // Both render nothing at their defaults: the server's version decides.
         "kubeRules=1.34",
         "featureGates.PreferSameTrafficDistribution=false",
+        // Renders --disable-compression only when off.
+        "compressResponses=false",
     ])?;
     let docs = documents(&rendered)?;
     let args = strings(&container(find(&docs, "Deployment")?, "endpoints-guard")?["args"]);

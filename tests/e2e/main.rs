@@ -18,6 +18,7 @@ mod chart;
 mod cli;
 mod co_tenant;
 mod compacted_revision;
+mod compression;
 mod endpoints_parity;
 mod guard;
 mod harness;
