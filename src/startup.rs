@@ -79,9 +79,7 @@ pub async fn client(cfg: &Config) -> Result<Client> {
         })?,
     };
     let mut kube_config = kube_config;
-    if cfg.disable_compression {
-        kube_config.disable_compression = true;
-    }
+    kube_config.disable_compression |= cfg.disable_compression;
     // The API server names the writer of each field after the user agent's
     // first word (metadata.managedFields[].manager), and audit logs show it.
     kube_config.headers.push((

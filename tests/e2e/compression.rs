@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Result, bail, ensure};
 use clap::Parser;
+use eg_bench::plane::apiserver_metrics;
 use eg_harness::{ControlPlane, ControlPlaneOptions, PodBuilder};
 use eg_workload::metrics::sample_sum;
 use endpoints_guard::config::Config;
@@ -26,8 +27,7 @@ const LIST_PODS_BYTES: &str =
     "apiserver_response_sizes_sum{resource=\"pods\",verb=\"LIST\",scope=\"namespace\"}";
 
 async fn list_bytes_sent(cp: &ControlPlane) -> Result<f64> {
-    let request = http::Request::get("/metrics").body(Vec::new())?;
-    let text = cp.client().request_text(request).await?;
+    let text = apiserver_metrics(&cp.client()).await?;
     Ok(sample_sum(&text, LIST_PODS_BYTES).unwrap_or(0.0))
 }
 
@@ -59,7 +59,7 @@ async fn large_lists_come_gzipped_unless_disabled() -> Result<()> {
     let cp = ControlPlane::start(ControlPlaneOptions::default()).await?;
     cp.create_namespace(NS).await?;
     let pods = Api::<Pod>::namespaced(cp.client(), NS);
-    // Annotations make each pod about 3 KiB, the list about 240 KiB: above the
+    // Annotations make each pod about 4 KiB, the list about 320 KiB: above the
     // threshold, as a page of the resync's or the audit's lists is.
     let note = "endpoints-guard reads this list gzipped. ".repeat(64);
     for i in 0..PODS {
