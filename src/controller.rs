@@ -413,7 +413,8 @@ async fn work(ctx: Arc<Context>, controller: Controller) {
         let timer = clock.timer(received);
         let result = publish::reconcile(&ctx, controller, &key, &timer)
             .instrument(span)
-            .await;
+            .await
+            .settle(&ctx, controller, &key);
         duration.observe(start.elapsed().as_secs_f64());
         match result {
             Ok(action) => {

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use crate::desired;
 use crate::error::{Error, Result};
 use crate::reconcile::kinds::{self, EndpointsKind, Kind, PodKind, ServiceKind};
-use crate::reconcile::{Context, Stores, publish, testkit};
+use crate::reconcile::{Context, Stores, testkit};
 use crate::settings::{Controller, Controllers};
 
 /// The Endpoints controller over caches the caller fills, leading, in
@@ -123,13 +123,7 @@ impl Harness {
     pub async fn reconcile_next(&self) -> Result<ObjectKey, Unexpected> {
         let queue = &self.ctx.endpoints.queue;
         let key = queue.next().await.ok_or(Unexpected::NothingQueued)?.key;
-        let result = publish::reconcile(
-            &self.ctx,
-            Controller::Endpoints,
-            &key,
-            &testkit::untimed(&self.ctx),
-        )
-        .await;
+        let result = testkit::settled(&self.ctx, Controller::Endpoints, &key).await;
         queue.done(&key);
         result?;
         Ok(key)

@@ -15,7 +15,9 @@ use tracing::{info, warn};
 
 use super::Context;
 use super::decide::{NamedPod, PodVerdict, Read, pod_verdict, pods_missed, pods_to_confirm};
+use super::effects::{Effect, Warning};
 use super::kinds::{CachedNode, CachedService};
+use super::publish::Job;
 use crate::desired::PodInfo;
 use crate::desired::scope::Handling;
 use crate::error::{Error, Result};
@@ -43,12 +45,8 @@ fn prevention_reason(source: Option<DeletionSource>) -> &'static str {
 /// contradicts the cache where it mattered (the Service exists after all;
 /// it is opted in after all; it has its selector after all) counts as a
 /// prevented deletion, with a Warning Event.
-pub async fn read_service(
-    ctx: &Context,
-    controller: Controller,
-    key: &ObjectKey,
-    why: Read,
-) -> Result<Option<Arc<CachedService>>> {
+pub(crate) async fn read_service(job: &Job<'_>, why: Read) -> Result<Option<Arc<CachedService>>> {
+    let Job { ctx, key, .. } = *job;
     let store = &ctx.stores.services;
     let stamp = store.read_stamp();
     let read = live::get::<Service>(&ctx.client, &(), key)
@@ -85,18 +83,20 @@ pub async fn read_service(
         }
     };
     if let Some(reason) = contradicted {
-        report_prevention(ctx, controller, key, &svc, reason).await;
+        report_prevention(job, &svc, reason);
     }
     Ok(Some(Arc::new(svc)))
 }
 
-async fn report_prevention(
-    ctx: &Context,
-    controller: Controller,
-    key: &ObjectKey,
-    svc: &CachedService,
-    reason: &'static str,
-) {
+/// Counts and logs a prevented deletion; its Warning Event is left to the
+/// worker.
+fn report_prevention(job: &Job<'_>, svc: &CachedService, reason: &'static str) {
+    let Job {
+        ctx,
+        controller,
+        key,
+        ..
+    } = *job;
     ctx.metrics
         .spurious_deletions_prevented
         .with_label_values(&[controller.metric_label(), reason])
@@ -116,14 +116,12 @@ async fn report_prevention(
     let note = format!(
         "{what} deletion prevented: {cause} ({reason}) but a live read disagrees; cache repaired"
     );
-    publish(
-        ctx,
-        svc_reference(key, svc.metadata.uid.clone()),
-        EventType::Warning,
-        "SpuriousDeletionPrevented",
-        "Guard",
+    job.then(Effect::Warning(Warning {
+        reason: "SpuriousDeletionPrevented",
+        action: "Guard",
         note,
-    );
+        uid: svc.metadata.uid.clone(),
+    }));
 }
 
 /// Pods named by what `controller` wrote (`referenced`: the targetRefs of
@@ -257,44 +255,25 @@ fn svc_reference(key: &ObjectKey, uid: Option<String>) -> ObjectReference {
     }
 }
 
-/// A Warning Event on the Service named by `key` (for failed writes).
-pub fn warn_event(ctx: &Context, key: &ObjectKey, reason: &str, note: &str) {
-    let uid = ctx
-        .stores
-        .services
-        .get(key)
-        .and_then(|s| s.metadata.uid.clone());
-    publish(
-        ctx,
-        svc_reference(key, uid),
-        EventType::Warning,
+/// Publishes a Warning Event on Service `key`. Events are a report, not
+/// part of the reconcile: handed to the publisher, never waited for.
+pub(super) fn publish_warning(ctx: &Context, key: &ObjectKey, warning: Warning) {
+    let Warning {
         reason,
-        "Sync",
-        note.to_string(),
-    );
-}
-
-fn publish(
-    ctx: &Context,
-    regarding: ObjectReference,
-    type_: EventType,
-    reason: &str,
-    action: &str,
-    note: String,
-) {
+        action,
+        note,
+        uid,
+    } = warning;
     // The API refuses an Event whose note exceeds 1 KiB (API errors quoted in
     // a note can be longer).
-    let note = truncate_note(note);
     let event = Event {
-        type_,
+        type_: EventType::Warning,
         reason: reason.into(),
-        note: Some(note),
+        note: Some(truncate_note(note)),
         action: action.into(),
         secondary: None,
     };
-    // Events are a report, not part of the reconcile: handed to the
-    // publisher, never waited for.
-    ctx.events.send(event, regarding);
+    ctx.events.send(event, svc_reference(key, uid));
 }
 
 const MAX_NOTE_BYTES: usize = 1024;

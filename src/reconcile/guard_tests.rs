@@ -16,11 +16,14 @@ use super::{
     prevention_reason, read_service, truncate_note,
 };
 use crate::desired::PodInfo;
+use crate::error::Result;
 use crate::reconcile::Context;
 use crate::reconcile::decide::Read;
+use crate::reconcile::effects::{Effects, Outcome};
 use crate::reconcile::kinds::CachedService;
 use crate::reconcile::kinds::pod_target_refs;
-use crate::reconcile::testkit::{endpoints, event_posted, pod, scripted, service};
+use crate::reconcile::publish::{Action, Job};
+use crate::reconcile::testkit::{endpoints, event_posted, pod, scripted, service, untimed};
 use crate::settings::Controller;
 
 const NS: &str = "ns";
@@ -51,6 +54,23 @@ fn web() -> ObjectKey {
     ObjectKey::new(NS, "web")
 }
 
+/// The Endpoints controller's live read of Service `web`, missing from the
+/// cache, its effects settled as the worker settles them.
+async fn read_web(ctx: &Context) -> Result<Option<Arc<CachedService>>> {
+    let (controller, key, timer) = (Controller::Endpoints, web(), untimed(ctx));
+    let effects = Effects::default();
+    let job = Job {
+        ctx,
+        controller,
+        key: &key,
+        timer: &timer,
+        effects: &effects,
+    };
+    let found = read_service(&job, Read::ServiceMissing).await;
+    Outcome::new(Ok(Action::Done), effects).settle(ctx, controller, &key)?;
+    found
+}
+
 fn bare_404() -> Reply {
     Reply::Text(404, "404 page not found".into())
 }
@@ -63,7 +83,7 @@ fn forbidden() -> Reply {
 async fn a_not_found_status_naming_the_service_is_gone_and_confirms_the_tombstone() {
     let (peer, ctx) = scripted(vec![Reply::not_found("services", "web")]).await;
     tombstoned_web(&ctx);
-    let found = read_service(&ctx, Controller::Endpoints, &web(), Read::ServiceMissing).await;
+    let found = read_web(&ctx).await;
     assert!(matches!(found, Ok(None)));
     assert!(
         ctx.stores
@@ -81,7 +101,7 @@ async fn a_service_found_is_restored_and_the_prevention_counted() {
     let live = serde_json::to_string(&service(NS, "web", "web")).unwrap_or_default();
     let (peer, ctx) = scripted(vec![Reply::Body(live)]).await;
     tombstoned_web(&ctx);
-    let found = read_service(&ctx, Controller::Endpoints, &web(), Read::ServiceMissing).await;
+    let found = read_web(&ctx).await;
     assert!(matches!(found, Ok(Some(_))));
     assert!(ctx.stores.services.get(&web()).is_some(), "cache repaired");
     assert_eq!(
@@ -111,7 +131,7 @@ async fn a_bare_404_a_403_or_a_timeout_is_an_error_that_confirms_nothing() {
     ] {
         let (_peer, ctx) = scripted(vec![reply]).await;
         tombstoned_web(&ctx);
-        let found = read_service(&ctx, Controller::Endpoints, &web(), Read::ServiceMissing).await;
+        let found = read_web(&ctx).await;
         assert!(found.is_err(), "{case}: {:?}", found.map(|_| ()));
         assert!(
             ctx.stores

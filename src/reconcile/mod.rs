@@ -4,6 +4,7 @@
 
 mod apply;
 pub(crate) mod decide;
+pub(crate) mod effects;
 pub(crate) mod events;
 pub(crate) mod ghost_scan;
 pub(crate) mod guard;

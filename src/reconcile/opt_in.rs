@@ -6,7 +6,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use hardened_watcher::ObjectKey;
 use prometheus::IntGaugeVec;
@@ -29,12 +29,14 @@ pub struct OptOutClock {
 }
 
 impl OptOutClock {
-    /// How long the opt-out of `key` has waited, its wait starting now if
-    /// it had not started.
-    pub fn waited(&self, key: &ObjectKey, now: Instant) -> Duration {
-        let mut since = lock(&self.since);
-        let (started, _) = since.entry(key.clone()).or_insert((now, false));
-        now.saturating_duration_since(*started)
+    /// Since when the opt-out of `key` has waited, if its wait started.
+    pub fn since(&self, key: &ObjectKey) -> Option<Instant> {
+        lock(&self.since).get(key).map(|(started, _)| *started)
+    }
+
+    /// Starts the wait of `key` at `at`, unless it started already.
+    pub fn start(&self, key: &ObjectKey, at: Instant) {
+        lock(&self.since).entry(key.clone()).or_insert((at, false));
     }
 
     /// Marks the wait of `key` reported; true the first time.
@@ -184,6 +186,7 @@ impl Restores {
 mod tests {
     use super::*;
     use crate::desired::scope::Invalid;
+    use std::time::Duration;
 
     fn gauge() -> IntGaugeVec {
         IntGaugeVec::new(prometheus::Opts::new("frozen", "test"), &["reason"])
@@ -277,23 +280,21 @@ mod tests {
         let clock = OptOutClock::default();
         let key = ObjectKey::new("ns", "web");
         let t0 = Instant::now();
-        assert_eq!(clock.waited(&key, t0), Duration::ZERO, "started now");
-        assert_eq!(
-            clock.waited(&key, t0 + Duration::from_secs(5)),
-            Duration::from_secs(5),
-            "asked again, the first start stands"
-        );
+        assert_eq!(clock.since(&key), None, "not started");
+        assert!(!clock.report(&key), "nothing to report before a wait");
+        clock.start(&key, t0);
+        clock.start(&key, t0 + Duration::from_secs(5));
+        assert_eq!(clock.since(&key), Some(t0), "the first start stands");
         assert!(clock.report(&key));
         assert!(!clock.report(&key), "reported once");
-        assert_eq!(
-            clock.waited(&key, t0 + Duration::from_secs(7)),
-            Duration::from_secs(7)
-        );
         clock.forget(&key);
+        assert_eq!(clock.since(&key), None, "forgotten");
+        clock.start(&key, t0 + Duration::from_secs(9));
         assert_eq!(
-            clock.waited(&key, t0 + Duration::from_secs(9)),
-            Duration::ZERO,
-            "forgotten: a new wait starts"
+            clock.since(&key),
+            Some(t0 + Duration::from_secs(9)),
+            "a new wait starts"
         );
+        assert!(clock.report(&key), "and is reported anew");
     }
 }

@@ -18,6 +18,7 @@ use std::sync::Mutex;
 use tracing::warn;
 
 use super::Context;
+use super::effects::Effect;
 use super::kinds::CachedEndpoints;
 use crate::desired::scope::Managers;
 use crate::locks::lock;
@@ -46,18 +47,24 @@ impl UnmanagedOrphans {
     }
 }
 
-/// Called by the Endpoints reconcile of `key` with what the caches hold for
-/// it: Endpoints that we would not delete, and no Service, are an orphan.
-pub fn observe(
-    ctx: &Context,
-    key: &ObjectKey,
-    service_cached: bool,
-    endpoints: Option<&CachedEndpoints>,
-) {
+/// Whether the Endpoints reconcile of a key finds an unmanaged orphan:
+/// Endpoints that we would not delete, and no Service in the cache. Left to
+/// the worker as an [`Effect::Orphan`], which [`record`]s it.
+pub(crate) fn observe(service_cached: bool, endpoints: Option<&CachedEndpoints>) -> Effect {
     // Upstream's Endpoints are upstream's to delete in opt-in scope, and ours
     // to delete in all scope: an orphan is anybody else's.
-    let orphan = !service_cached
-        && endpoints.is_some_and(|ep| !Managers::OWN_AND_UPSTREAM.endpoints(ep.managed_by()));
+    let managed_by = endpoints.and_then(|ep| ep.managed_by());
+    Effect::Orphan {
+        orphan: !service_cached
+            && endpoints.is_some()
+            && !Managers::OWN_AND_UPSTREAM.endpoints(managed_by),
+        managed_by: managed_by.map(str::to_owned),
+    }
+}
+
+/// Records whether `key` is an unmanaged orphan now, moves the gauge, and
+/// logs one that just became one.
+pub(crate) fn record(ctx: &Context, key: &ObjectKey, orphan: bool, managed_by: Option<&str>) {
     let gauge = ctx
         .metrics
         .unmanaged_orphans
@@ -69,7 +76,7 @@ pub fn observe(
             gauge.set(i64::try_from(count).unwrap_or(i64::MAX))
         });
     if became {
-        warn!(%key, managed_by = ?endpoints.and_then(|ep| ep.managed_by()), "Endpoints without a Service that endpoints-guard does not manage; not deleting them");
+        warn!(%key, ?managed_by, "Endpoints without a Service that endpoints-guard does not manage; not deleting them");
     }
 }
 
@@ -83,7 +90,7 @@ mod tests {
     use crate::reconcile::Context;
     use crate::reconcile::kinds::CachedEndpoints;
     use crate::reconcile::publish::reconcile;
-    use crate::reconcile::testkit::{context, untimed};
+    use crate::reconcile::testkit::{context, settled, untimed};
     use crate::settings::Controller;
 
     fn gauge(ctx: &Context) -> i64 {
@@ -147,7 +154,7 @@ mod tests {
         user_endpoints(&ctx, "orphan");
         user_endpoints(&ctx, "manual");
         for key in [&orphan, &manual] {
-            reconcile(&ctx, Controller::Endpoints, key, &untimed(&ctx))
+            settled(&ctx, Controller::Endpoints, key)
                 .await
                 .unwrap_or_else(|err| panic!("reconcile {key}: {err}"));
         }
@@ -158,7 +165,7 @@ mod tests {
         );
 
         selectorless_service(&ctx, "manual");
-        reconcile(&ctx, Controller::Endpoints, &manual, &untimed(&ctx))
+        settled(&ctx, Controller::Endpoints, &manual)
             .await
             .unwrap_or_else(|err| panic!("reconcile {manual}: {err}"));
         assert_eq!(gauge(&ctx), 1, "only the real orphan is counted");
@@ -172,9 +179,24 @@ mod tests {
                 .unwrap_or_else(|err| panic!("endpoints: {err}"));
                 CachedEndpoints::new(ep).unwrap_or_else(|| panic!("cached endpoints"))
             });
-        reconcile(&ctx, Controller::Endpoints, &orphan, &untimed(&ctx))
+        settled(&ctx, Controller::Endpoints, &orphan)
             .await
             .unwrap_or_else(|err| panic!("reconcile {orphan}: {err}"));
         assert_eq!(gauge(&ctx), 0, "a deleted orphan is no longer counted");
+    }
+
+    /// The count is the worker's to move: a reconcile only returns what it
+    /// found, and nothing is counted until its outcome is settled.
+    #[tokio::test]
+    async fn a_reconcile_leaves_the_count_to_its_worker() {
+        let ctx = context();
+        let orphan = ObjectKey::new("ns", "orphan");
+        user_endpoints(&ctx, "orphan");
+        let outcome = reconcile(&ctx, Controller::Endpoints, &orphan, &untimed(&ctx)).await;
+        assert_eq!(gauge(&ctx), 0, "counted before the worker settled");
+        outcome
+            .settle(&ctx, Controller::Endpoints, &orphan)
+            .unwrap_or_else(|err| panic!("reconcile {orphan}: {err}"));
+        assert_eq!(gauge(&ctx), 1, "counted once settled");
     }
 }

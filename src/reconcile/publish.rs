@@ -1,27 +1,25 @@
 //! The reconcile of one Service key, one loop for both controllers: observe
 //! the caches, decide what may be touched (`decide.rs`, pure), then the
 //! controller's own guard and apply (`Publisher`: `sync.rs` for Endpoints,
-//! `slice_sync.rs` for EndpointSlices). A reconcile returns its [`Action`];
-//! the worker (`controller.rs`) alone queues the key again.
+//! `slice_sync.rs` for EndpointSlices). A reconcile returns its [`Action`]
+//! and the effects it decided ([`Outcome`]); the worker (`controller.rs`)
+//! alone applies them and queues the key again.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ObjectReference;
-use tracing::{info, warn};
 
 use super::Context;
 use super::decide::{Decision, Existing, Idle, Observed, Removal, Status, decide, opt_in_status};
+use super::effects::{Effect, Effects, Outcome, Warning};
 use super::guard;
 use super::kinds::{CachedService, Kind, ServiceKind};
 use super::latency::WriteTimer;
-use super::opt_in::SELECTOR_RESTORED;
 use super::slice_sync::SlicesPublisher;
 use super::sync::EndpointsPublisher;
-use crate::desired::scope::{
-    ANNOTATION_SELECTOR, Handling, LABEL_OPT_IN, Managed, Managers, OptInState,
-};
+use crate::desired::scope::{Handling, Managed, Managers, OptInState};
 use crate::error::Result;
 use crate::settings::Controller;
 use hardened_watcher::{Cached, Confirmation, ObjectKey};
@@ -48,7 +46,7 @@ pub(crate) trait Publisher {
 
     /// What the reconcile found beside the decision: Endpoints report
     /// unmanaged orphans here.
-    fn note_found(_ctx: &Context, _key: &ObjectKey, _service_cached: bool, _found: &Self::Found) {}
+    fn note_found(_job: &Job<'_>, _service_cached: bool, _found: &Self::Found) {}
 
     /// Which managed-by values what was found carries.
     fn existing(found: &Self::Found) -> Existing;
@@ -69,13 +67,30 @@ pub(crate) trait Publisher {
     ) -> impl Future<Output = Result<()>> + Send;
 }
 
-/// One reconcile: the Service key, what it works with, and the timer of its
-/// first write.
+/// One reconcile: the controller and Service key, what it works with, the
+/// timer of its first write, and the effects it leaves to its worker.
 #[derive(Clone, Copy)]
 pub(crate) struct Job<'a> {
     pub ctx: &'a Context,
+    pub controller: Controller,
     pub key: &'a ObjectKey,
     pub timer: &'a WriteTimer,
+    pub effects: &'a Effects,
+}
+
+impl Job<'_> {
+    /// Leaves `effect` to the worker.
+    pub fn then(&self, effect: Effect) {
+        self.effects.push(effect);
+    }
+
+    /// A Warning Event on the Service (for refused writes), as the cache
+    /// knows it now.
+    pub fn warn(&self, reason: &'static str, note: String) {
+        self.then(Effect::Warning(Warning::sync(
+            self.ctx, self.key, reason, note,
+        )));
+    }
 }
 
 /// What the decision leaves to the controller's own apply step.
@@ -91,27 +106,36 @@ pub(crate) enum Act<'a> {
 }
 
 /// Reconciles Service `key` for `controller`; `timer` times the first write
-/// (see [`WriteTimer`]).
+/// (see [`WriteTimer`]). The caller settles the [`Outcome`].
 pub async fn reconcile(
     ctx: &Context,
     controller: Controller,
     key: &ObjectKey,
     timer: &WriteTimer,
-) -> Result<Action> {
-    match controller {
-        Controller::Endpoints => run::<EndpointsPublisher>(ctx, key, timer).await,
-        Controller::Endpointslices => run::<SlicesPublisher>(ctx, key, timer).await,
-    }
+) -> Outcome {
+    let effects = Effects::default();
+    let job = Job {
+        ctx,
+        controller,
+        key,
+        timer,
+        effects: &effects,
+    };
+    let result = match controller {
+        Controller::Endpoints => run::<EndpointsPublisher>(&job).await,
+        Controller::Endpointslices => run::<SlicesPublisher>(&job).await,
+    };
+    Outcome::new(result, effects)
 }
 
-async fn run<P: Publisher>(ctx: &Context, key: &ObjectKey, timer: &WriteTimer) -> Result<Action> {
-    let job = Job { ctx, key, timer };
+async fn run<P: Publisher>(job: &Job<'_>) -> Result<Action> {
+    let Job { ctx, key, .. } = *job;
     // The Service as a live read found it, once one was made.
     let mut live: Option<Option<Arc<CachedService>>> = None;
     loop {
         let found = P::find(ctx, key);
         let cached_service = ctx.stores.services.get(key);
-        P::note_found(ctx, key, cached_service.is_some(), &found);
+        P::note_found(job, cached_service.is_some(), &found);
         let service = live.clone().unwrap_or(cached_service);
         let existing = P::existing(&found);
         let decision = decide(&Observed {
@@ -127,23 +151,23 @@ async fn run<P: Publisher>(ctx: &Context, key: &ObjectKey, timer: &WriteTimer) -
                 P::upstream_ready(&found)
             })?,
         });
-        let action = follow_up(ctx, P::CONTROLLER, key, service.as_deref(), &decision);
+        let action = follow_up(job, service.as_deref(), &decision);
         match decision {
             Decision::ReadService(why) => {
-                live = Some(guard::read_service(ctx, P::CONTROLLER, key, why).await?);
+                live = Some(guard::read_service(job, why).await?);
                 continue;
             }
             Decision::Idle(Idle::NoService) => {
-                ctx.work(P::CONTROLLER).trigger_times.forget(key);
+                job.then(Effect::TriggerForgotten);
                 release_service_tombstone(ctx, key);
             }
             Decision::Idle(_) | Decision::Frozen(_) => {}
             Decision::Remove { why, managers } => {
-                P::apply(&job, found, Act::Remove { why, managers }).await?;
+                P::apply(job, found, Act::Remove { why, managers }).await?;
             }
             Decision::Reconcile(managed) => {
                 if let Some(service) = service.as_deref() {
-                    P::apply(&job, found, Act::Publish { service, managed }).await?;
+                    P::apply(job, found, Act::Publish { service, managed }).await?;
                 }
             }
         }
@@ -200,93 +224,41 @@ fn release_service_tombstone(ctx: &Context, key: &ObjectKey) {
 }
 
 /// What a decision means besides its action: where the opted-in Service
-/// stands (gauges, and a Warning Event when it enters a state that needs a
-/// person), and the opt-out clock, whose grace the returned [`Action`]
-/// waits out.
-fn follow_up(
-    ctx: &Context,
-    controller: Controller,
-    key: &ObjectKey,
-    service: Option<&CachedService>,
-    decision: &Decision<'_>,
-) -> Action {
+/// stands, and the opt-out clock, whose grace the returned [`Action`] waits
+/// out (both left to the worker as effects).
+fn follow_up(job: &Job<'_>, service: Option<&CachedService>, decision: &Decision<'_>) -> Action {
+    let ctx = job.ctx;
     let status = opt_in_status(service, ctx.policy.scope, decision);
-    if let Some(entered) = ctx
-        .opt_in_states
-        .record(key, controller, status, &ctx.opt_in_gauges())
-    {
-        report_opt_in(ctx, key, entered);
-    }
-    let work = ctx.work(controller);
+    job.then(Effect::OptIn(status));
     if status.map(Status::state) != Some(OptInState::OptingOut) {
-        work.opt_outs.forget(key);
+        job.then(Effect::OptOutOver);
         return Action::Done;
     }
-    let waited = work.opt_outs.waited(key, Instant::now());
+    let now = Instant::now();
+    let since = ctx.work(job.controller).opt_outs.since(job.key);
+    if since.is_none() {
+        job.then(Effect::OptOutWaits(now));
+    }
+    let waited = since.map_or(Duration::ZERO, |since| now.saturating_duration_since(since));
     if waited < ctx.policy.opt_out_grace {
         // Back when the grace is over, to report a stalled opt-out (the
         // queue keeps the earliest instant asked for).
         return Action::RequeueAfter(ctx.policy.opt_out_grace - waited);
     }
-    if work.opt_outs.report(key) {
-        warn!(%key, %controller, "opt-out stalled: kube-controller-manager does not publish the ready endpoints ours do");
-        guard::warn_event(
-            ctx,
-            key,
-            "OptOutStalled",
-            &format!(
-                "Opted out, but kube-controller-manager has not published the same ready endpoints within {:?}: endpoints-guard keeps its {} current and removes them once it does (is kube-controller-manager's {} controller running?)",
-                ctx.policy.opt_out_grace,
-                controller.objects(),
-                controller.objects(),
-            ),
-        );
-    }
+    job.then(Effect::OptOutStalled);
     Action::Done
-}
-
-/// The Warning Event of an opted-in Service that entered `status`.
-fn report_opt_in(ctx: &Context, key: &ObjectKey, status: Status) {
-    let (reason, note) = match status {
-        Status::Frozen(why) => (
-            "OptInInvalid",
-            format!(
-                "Opted in, but {}: endpoints-guard leaves what is published as it is until this is fixed",
-                why.explain()
-            ),
-        ),
-        Status::State(OptInState::SelectorRestored) => (
-            SELECTOR_RESTORED,
-            "spec.selector is back on this opted-in Service (a re-applied manifest?): kube-controller-manager publishes beside endpoints-guard, and protection is off until spec.selector is removed again where the manifest lives, or the Service opts out".to_string(),
-        ),
-        Status::State(OptInState::BesideUpstream) => (
-            "ProtectionOff",
-            "Opted in, but spec.selector is still there: kube-controller-manager publishes beside endpoints-guard, and protection is off until spec.selector is removed".to_string(),
-        ),
-        Status::State(OptInState::LabelRemoved) => (
-            "OptInLabelRemoved",
-            format!(
-                "Label {LABEL_OPT_IN} is gone, but the Service has no spec.selector: endpoints-guard keeps publishing from annotation {ANNOTATION_SELECTOR}. Put spec.selector back to opt out, or the label back; removing the annotation too removes these endpoints"
-            ),
-        ),
-        Status::State(OptInState::Protecting | OptInState::OptingOut | OptInState::Frozen) => {
-            info!(%key, state = status.state().metric_label(), "opt-in state");
-            return;
-        }
-    };
-    warn!(%key, reason, "{note}");
-    guard::warn_event(ctx, key, reason, &note);
 }
 
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
 
-    use super::{Action, follow_up};
+    use super::{Action, Job, follow_up};
     use crate::desired::scope::{Handling, Scope};
     use crate::reconcile::decide::Decision;
+    use crate::reconcile::effects::{Effects, Outcome};
     use crate::reconcile::kinds::CachedService;
-    use crate::reconcile::testkit::{context, service};
+    use crate::reconcile::testkit::{context, service, untimed};
     use crate::settings::Controller;
     use hardened_watcher::ObjectKey;
 
@@ -304,12 +276,26 @@ mod tests {
         )
     }
 
+    /// One reconcile's `follow_up` of the decision to keep the slices
+    /// current, its effects settled as the worker settles them.
     fn step(ctx: &crate::reconcile::Context, key: &ObjectKey, svc: &CachedService) -> Action {
         let Handling::OptedOut(managed) = svc.handling(ctx.policy.scope) else {
             panic!("not opted out: {:?}", svc.handling(ctx.policy.scope));
         };
-        let decision = Decision::Reconcile(managed);
-        follow_up(ctx, Controller::Endpointslices, key, Some(svc), &decision)
+        let controller = Controller::Endpointslices;
+        let effects = Effects::default();
+        let timer = untimed(ctx);
+        let job = Job {
+            ctx,
+            controller,
+            key,
+            timer: &timer,
+            effects: &effects,
+        };
+        let action = follow_up(&job, Some(svc), &Decision::Reconcile(managed));
+        Outcome::new(Ok(action), effects)
+            .settle(ctx, controller, key)
+            .unwrap_or_else(|err| panic!("settled: {err}"))
     }
 
     #[tokio::test]
@@ -338,5 +324,28 @@ mod tests {
             "the first reconcile past the grace reported it"
         );
         assert_eq!(step(&ctx, &key, &svc), Action::Done);
+    }
+
+    /// The opt-out clock is the worker's to start: a reconcile that is
+    /// never settled leaves it where it was.
+    #[tokio::test]
+    async fn the_clock_starts_only_when_the_outcome_is_settled() {
+        let (ctx, key, svc) = opting_out(Duration::from_secs(300));
+        let Handling::OptedOut(managed) = svc.handling(ctx.policy.scope) else {
+            panic!("not opted out");
+        };
+        let effects = Effects::default();
+        let timer = untimed(&ctx);
+        let job = Job {
+            ctx: &ctx,
+            controller: Controller::Endpointslices,
+            key: &key,
+            timer: &timer,
+            effects: &effects,
+        };
+        follow_up(&job, Some(&svc), &Decision::Reconcile(managed));
+        assert_eq!(ctx.slices.opt_outs.since(&key), None);
+        assert!(step(&ctx, &key, &svc) != Action::Done);
+        assert!(ctx.slices.opt_outs.since(&key).is_some());
     }
 }

@@ -21,9 +21,9 @@ use tracing::{debug, info, warn};
 
 use super::apply::{self, Verb};
 use super::decide::{Existing, Removal, nodes_to_confirm};
+use super::effects::Effect;
 use super::guard;
 use super::kinds::{CachedService, CachedSlice, selected_pods, slice_pod_refs};
-use super::latency::WriteTimer;
 use super::publish::{Act, Job, Publisher};
 use super::{Context, kinds};
 use crate::desired::PodInfo;
@@ -88,17 +88,14 @@ impl Publisher for SlicesPublisher {
     }
 
     async fn apply(job: &Job<'_>, found: Self::Found, act: Act<'_>) -> Result<()> {
-        let Job { ctx, key, timer } = *job;
         let ours = |managers: Managers| -> Vec<_> {
             found.into_iter().filter(|s| s.is_ours(managers)).collect()
         };
         match act {
-            Act::Remove { why, managers } => {
-                delete_all(ctx, key, &ours(managers), why, timer).await
-            }
+            Act::Remove { why, managers } => delete_all(job, &ours(managers), why).await,
             Act::Publish { service, managed } => {
                 let ours = ours(managed.managers);
-                reconcile_content(ctx, key, service, &ours, managed, timer).await
+                reconcile_content(job, service, &ours, managed).await
             }
         }
     }
@@ -109,13 +106,12 @@ impl Publisher for SlicesPublisher {
 /// deletion only the watch reported, and of pods on Nodes only the cache
 /// lacks; then the plan is made and written.
 async fn reconcile_content(
-    ctx: &Context,
-    key: &ObjectKey,
+    job: &Job<'_>,
     service: &CachedService,
     existing: &[Arc<CachedSlice>],
     managed: Managed<'_>,
-    timer: &WriteTimer,
 ) -> Result<()> {
+    let Job { ctx, key, .. } = *job;
     let selector = managed.selector;
     let current: Vec<EndpointSlice> = existing.iter().map(|s| s.decode()).collect::<Result<_>>()?;
     let mut pods = selected_pods(ctx, &key.namespace, selector);
@@ -145,7 +141,8 @@ async fn reconcile_content(
         ZoneCapacity::default()
     };
     let created = service.metadata.creation_timestamp.as_ref().map(|t| t.0);
-    let trigger = ctx.slices.trigger_times.compute(key, created, &pod_refs);
+    let (trigger, seen) = ctx.slices.trigger_times.compute(key, created, &pod_refs);
+    job.then(Effect::TriggerSeen(seen));
     let options = PlanOptions {
         max_endpoints_per_slice: ctx.policy.max_endpoints_per_slice,
         trigger_time: trigger,
@@ -158,7 +155,7 @@ async fn reconcile_content(
     };
     let plan = slices::plan_slices(&wanted, &current, &zones, &options);
     if !plan.is_empty() {
-        apply(ctx, key, &current, &wanted, plan, timer).await?;
+        apply(job, &current, &wanted, plan).await?;
     }
     // As upstream: what could be written was; the Service comes back with
     // backoff until its pods' Nodes are known.
@@ -239,13 +236,14 @@ fn may_write(ctx: &Context, key: &ObjectKey, plan: &SlicePlan) -> bool {
 /// Creates first, then updates, then deletes, as upstream orders them: the
 /// Service is never left with fewer endpoints than before in between.
 async fn apply(
-    ctx: &Context,
-    key: &ObjectKey,
+    job: &Job<'_>,
     current: &[EndpointSlice],
     wanted: &DesiredSlices,
     plan: SlicePlan,
-    timer: &WriteTimer,
 ) -> Result<()> {
+    let Job {
+        ctx, key, timer, ..
+    } = *job;
     if !may_write(ctx, key, &plan) {
         return Ok(());
     }
@@ -261,7 +259,7 @@ async fn apply(
                 debug!(%key, "namespace is terminating; not creating EndpointSlices");
                 return Ok(());
             }
-            Err(err) => return Err(failed(ctx, key, Verb::Create, err)),
+            Err(err) => return Err(failed(job, Verb::Create, err)),
         }
     }
     for slice in &plan.updates {
@@ -275,11 +273,11 @@ async fn apply(
                 count_write(ctx, Verb::Update);
                 remember(ctx, key, written, &stamp);
             }
-            Err(err) => return Err(conflict_or_gone(ctx, key, &name, Verb::Update, err).await),
+            Err(err) => return Err(conflict_or_gone(job, &name, Verb::Update, err).await),
         }
     }
     for slice in &plan.deletes {
-        delete_one(ctx, &api, key, slice, timer).await?;
+        delete_one(job, &api, slice).await?;
     }
     release_dropped(ctx, key, current, wanted);
     Ok(())
@@ -307,13 +305,8 @@ fn release_dropped(
 /// Deletes the slices the decision removes (after a live read of their
 /// Service). Each delete carries the UID and resourceVersion read, so a
 /// slice changed or re-created since is not deleted.
-async fn delete_all(
-    ctx: &Context,
-    key: &ObjectKey,
-    existing: &[Arc<CachedSlice>],
-    why: Removal,
-    timer: &WriteTimer,
-) -> Result<()> {
+async fn delete_all(job: &Job<'_>, existing: &[Arc<CachedSlice>], why: Removal) -> Result<()> {
+    let Job { ctx, key, .. } = *job;
     let plan = SlicePlan {
         deletes: existing.iter().map(|s| s.decode()).collect::<Result<_>>()?,
         ..SlicePlan::default()
@@ -323,20 +316,15 @@ async fn delete_all(
     }
     let api: Api<EndpointSlice> = Api::namespaced(ctx.client.clone(), &key.namespace);
     for slice in &plan.deletes {
-        delete_one(ctx, &api, key, slice, timer).await?;
+        delete_one(job, &api, slice).await?;
     }
     info!(%key, slices = plan.deletes.len(), why = ?why, "deleted EndpointSlices");
-    ctx.slices.trigger_times.forget(key);
+    job.then(Effect::TriggerForgotten);
     Ok(())
 }
 
-async fn delete_one(
-    ctx: &Context,
-    api: &Api<EndpointSlice>,
-    key: &ObjectKey,
-    slice: &EndpointSlice,
-    timer: &WriteTimer,
-) -> Result<()> {
+async fn delete_one(job: &Job<'_>, api: &Api<EndpointSlice>, slice: &EndpointSlice) -> Result<()> {
+    let Job { ctx, timer, .. } = *job;
     let name = slice.metadata.name.clone().unwrap_or_default();
     let params = DeleteParams {
         preconditions: Some(Preconditions {
@@ -351,7 +339,7 @@ async fn delete_one(
             Ok(())
         }
         Err(err) if live::is_gone(&err, &name, "endpointslices") => Ok(()),
-        Err(err) => Err(conflict_or_gone(ctx, key, &name, Verb::Delete, err).await),
+        Err(err) => Err(conflict_or_gone(job, &name, Verb::Delete, err).await),
     }
 }
 
@@ -366,13 +354,8 @@ fn count_write(ctx: &Context, verb: Verb) {
 /// the cache: a conflict reads the slice live so the retry starts from fresh
 /// state; a slice found gone (a DELETE the watch never delivered) leaves the
 /// cache, and the retry plans without it.
-async fn conflict_or_gone(
-    ctx: &Context,
-    key: &ObjectKey,
-    name: &str,
-    verb: Verb,
-    err: kube::Error,
-) -> Error {
+async fn conflict_or_gone(job: &Job<'_>, name: &str, verb: Verb, err: kube::Error) -> Error {
+    let Job { ctx, key, .. } = *job;
     let slice_key = ObjectKey::new(key.namespace.as_str(), name);
     if api_code(&err) == Some(409) {
         if let Err(read) = apply::refresh_after_conflict::<EndpointSlice, _>(
@@ -396,17 +379,16 @@ async fn conflict_or_gone(
         warn!(%key, slice = name, "the EndpointSlice to update was gone; planning again");
         return Error::kube("writing an EndpointSlice", slice_key.to_string(), err);
     }
-    failed(ctx, key, verb, err)
+    failed(job, verb, err)
 }
 
 /// A write the API refused: a Warning Event on the Service, as upstream's
 /// `FailedToUpdateEndpointSlices`, and the error.
-fn failed(ctx: &Context, key: &ObjectKey, verb: Verb, err: kube::Error) -> Error {
-    guard::warn_event(
-        ctx,
-        key,
+fn failed(job: &Job<'_>, verb: Verb, err: kube::Error) -> Error {
+    let key = job.key;
+    job.warn(
         "FailedToUpdateEndpointSlices",
-        &format!("Error updating Endpoint Slices for Service {key} ({verb}): {err}"),
+        format!("Error updating Endpoint Slices for Service {key} ({verb}): {err}"),
     );
     Error::kube("writing an EndpointSlice", key.to_string(), err)
 }

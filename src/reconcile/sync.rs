@@ -12,6 +12,7 @@ use tracing::{debug, info, warn};
 
 use super::apply::{self, Verb, may_write, one};
 use super::decide::{Existing, Removal};
+use super::effects::Effect;
 use super::guard;
 use super::kinds::{CachedEndpoints, CachedService, managed_by, pod_target_refs, selected_pods};
 use super::latency::WriteTimer;
@@ -35,8 +36,8 @@ impl Publisher for EndpointsPublisher {
         ctx.stores.endpoints.get(key)
     }
 
-    fn note_found(ctx: &Context, key: &ObjectKey, service_cached: bool, found: &Self::Found) {
-        orphans::observe(ctx, key, service_cached, found.as_deref());
+    fn note_found(job: &Job<'_>, service_cached: bool, found: &Self::Found) {
+        job.then(orphans::observe(service_cached, found.as_deref()));
     }
 
     fn existing(found: &Self::Found) -> Existing {
@@ -60,14 +61,13 @@ impl Publisher for EndpointsPublisher {
     }
 
     async fn apply(job: &Job<'_>, found: Self::Found, act: Act<'_>) -> Result<()> {
-        let Job { ctx, key, timer } = *job;
         match (act, found) {
             (Act::Remove { why, managers }, Some(ep)) if managers.endpoints(ep.managed_by()) => {
-                delete_endpoints(ctx, key, &ep, why, timer).await
+                delete_endpoints(job, &ep, why).await
             }
             (Act::Remove { .. }, _) => Ok(()),
             (Act::Publish { service, managed }, found) => {
-                reconcile_content(ctx, key, service, found, managed, timer).await
+                reconcile_content(job, service, found, managed).await
             }
         }
     }
@@ -87,13 +87,12 @@ fn ready_target_refs(ep: &Endpoints) -> Vec<ObjectReference> {
 /// pods whose deletion only the watch reported, then the content is
 /// computed and written if it differs.
 async fn reconcile_content(
-    ctx: &Context,
-    key: &ObjectKey,
+    job: &Job<'_>,
     service: &CachedService,
     endpoints: Option<Arc<CachedEndpoints>>,
     managed: Managed<'_>,
-    timer: &WriteTimer,
 ) -> Result<()> {
+    let Job { ctx, key, .. } = *job;
     let selector = managed.selector;
     let endpoints = endpoints
         .as_deref()
@@ -113,7 +112,8 @@ async fn reconcile_content(
     }
     let pod_refs: Vec<&PodInfo> = pods.iter().map(AsRef::as_ref).collect();
     let created = service.metadata.creation_timestamp.as_ref().map(|t| t.0);
-    let trigger = ctx.endpoints.trigger_times.compute(key, created, &pod_refs);
+    let (trigger, seen) = ctx.endpoints.trigger_times.compute(key, created, &pod_refs);
+    job.then(Effect::TriggerSeen(seen));
     let computed = desired::compute_subsets(service, &pod_refs, ctx.policy.rules);
     let marks = EndpointsMarks {
         managed_by: compare_as(ctx, endpoints.as_ref()),
@@ -138,7 +138,7 @@ async fn reconcile_content(
             ..marks
         },
     );
-    apply(ctx, key, endpoints.as_ref(), wanted, timer).await
+    apply(job, endpoints.as_ref(), wanted).await
 }
 
 /// The managed-by value a write would carry. In audit mode beside the upstream
@@ -153,13 +153,10 @@ fn compare_as(ctx: &Context, current: Option<&Endpoints>) -> &'static str {
     }
 }
 
-async fn apply(
-    ctx: &Context,
-    key: &ObjectKey,
-    current: Option<&Endpoints>,
-    wanted: Endpoints,
-    timer: &WriteTimer,
-) -> Result<()> {
+async fn apply(job: &Job<'_>, current: Option<&Endpoints>, wanted: Endpoints) -> Result<()> {
+    let Job {
+        ctx, key, timer, ..
+    } = *job;
     let verb = if current.is_some() {
         Verb::Update
     } else {
@@ -176,9 +173,8 @@ async fn apply(
                 .with_label_values(&[verb.as_str()])
                 .inc();
             debug!(%key, %verb, "wrote Endpoints");
-            if verb == Verb::Create && ctx.endpoints.restores.take(key) {
-                ctx.metrics.endpoints_restored.inc();
-                info!(%key, "restored Endpoints that someone else deleted while their Service was handled");
+            if verb == Verb::Create {
+                job.then(Effect::EndpointsCreated);
             }
             // The pods our write dropped, by what we sent (the cache's copy of
             // what was written decides, in `release_dropped_pods`, whether
@@ -219,11 +215,9 @@ async fn apply(
             Ok(())
         }
         Err(err) => {
-            guard::warn_event(
-                ctx,
-                key,
+            job.warn(
                 "FailedToUpdateEndpoint",
-                &format!("Failed to {verb} endpoint {key}: {err}"),
+                format!("Failed to {verb} endpoint {key}: {err}"),
             );
             Err(Error::kube("writing endpoints", key.to_string(), err))
         }
@@ -286,13 +280,10 @@ async fn refresh_endpoints(ctx: &Context, key: &ObjectKey) -> Result<()> {
 /// Deletes Endpoints of ours the decision removes (after a live read of
 /// their Service). The precondition on UID and resourceVersion makes the API
 /// refuse if the Endpoints were re-created or changed since we read them.
-async fn delete_endpoints(
-    ctx: &Context,
-    key: &ObjectKey,
-    ep: &CachedEndpoints,
-    why: Removal,
-    timer: &WriteTimer,
-) -> Result<()> {
+async fn delete_endpoints(job: &Job<'_>, ep: &CachedEndpoints, why: Removal) -> Result<()> {
+    let Job {
+        ctx, key, timer, ..
+    } = *job;
     if !may_write(ctx, Controller::Endpoints, key, one(Verb::Delete)) {
         return Ok(());
     }
@@ -311,7 +302,7 @@ async fn delete_endpoints(
                 .with_label_values(&[Verb::Delete.as_str()])
                 .inc();
             info!(%key, why = ?why, "deleted Endpoints");
-            ctx.endpoints.trigger_times.forget(key);
+            job.then(Effect::TriggerForgotten);
             Ok(())
         }
         Err(err) if api_code(&err) == Some(404) => Ok(()),

@@ -11,8 +11,7 @@ use serde_json::json;
 
 use crate::reconcile::Context;
 use crate::reconcile::kinds::CachedEndpoints;
-use crate::reconcile::publish::reconcile;
-use crate::reconcile::testkit::{endpoints, event_posted, pod, scripted, service, untimed};
+use crate::reconcile::testkit::{endpoints, event_posted, pod, scripted, service, settled};
 use crate::settings::Controller;
 
 const NS: &str = "ns";
@@ -72,7 +71,7 @@ async fn endpoints_of_a_service_read_gone_are_deleted_with_preconditions() {
     ])
     .await;
     cache_endpoints(&ctx, &[("web-0", "10.0.0.1")]);
-    let result = reconcile(&ctx, Controller::Endpoints, &web(), &untimed(&ctx)).await;
+    let result = settled(&ctx, Controller::Endpoints, &web()).await;
     assert!(result.is_ok(), "{result:?}");
     assert_eq!(
         api_requests(&peer),
@@ -94,7 +93,7 @@ async fn a_404_that_is_not_a_not_found_of_the_service_deletes_nothing() {
     ] {
         let (peer, ctx) = scripted(vec![reply.clone()]).await;
         cache_endpoints(&ctx, &[("web-0", "10.0.0.1")]);
-        let result = reconcile(&ctx, Controller::Endpoints, &web(), &untimed(&ctx)).await;
+        let result = settled(&ctx, Controller::Endpoints, &web()).await;
         assert!(result.is_err(), "{reply:?}");
         assert_eq!(
             api_requests(&peer),
@@ -118,7 +117,7 @@ async fn a_conflict_reads_the_endpoints_again_and_fails_for_a_retry() {
     .await;
     cache_service_and_pod(&ctx);
     cache_endpoints(&ctx, &[]);
-    let result = reconcile(&ctx, Controller::Endpoints, &web(), &untimed(&ctx)).await;
+    let result = settled(&ctx, Controller::Endpoints, &web()).await;
     let err = result.err().map(|e| e.metric_label());
     assert_eq!(err, Some("conflict"));
     assert_eq!(
@@ -129,7 +128,7 @@ async fn a_conflict_reads_the_endpoints_again_and_fails_for_a_retry() {
         ]
     );
     // The retry starts from what the read returned: nothing left to write.
-    let result = reconcile(&ctx, Controller::Endpoints, &web(), &untimed(&ctx)).await;
+    let result = settled(&ctx, Controller::Endpoints, &web()).await;
     assert!(result.is_ok(), "{result:?}");
     assert_eq!(api_requests(&peer).len(), 2, "no second write");
 }
@@ -145,7 +144,7 @@ async fn a_create_refused_for_a_terminating_namespace_is_dropped_quietly() {
     );
     let (peer, ctx) = scripted(vec![terminating]).await;
     cache_service_and_pod(&ctx);
-    let result = reconcile(&ctx, Controller::Endpoints, &web(), &untimed(&ctx)).await;
+    let result = settled(&ctx, Controller::Endpoints, &web()).await;
     assert!(result.is_ok(), "{result:?}");
     assert_eq!(
         api_requests(&peer),
@@ -165,7 +164,7 @@ async fn a_refused_or_timed_out_write_is_an_error_reported_as_an_event() {
     ] {
         let (peer, ctx) = scripted(vec![reply]).await;
         cache_service_and_pod(&ctx);
-        let result = reconcile(&ctx, Controller::Endpoints, &web(), &untimed(&ctx)).await;
+        let result = settled(&ctx, Controller::Endpoints, &web()).await;
         assert_eq!(result.err().map(|e| e.metric_label()), Some(label));
         assert!(
             event_posted(&peer, Duration::from_secs(5)).await,

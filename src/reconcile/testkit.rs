@@ -101,6 +101,18 @@ pub fn untimed(ctx: &Context) -> WriteTimer {
     WriteClock::new(&ctx.metrics, Controller::Endpoints).timer(None)
 }
 
+/// Reconciles `key` for `controller`, untimed, and settles its effects as
+/// a worker does.
+pub async fn settled(
+    ctx: &Context,
+    controller: Controller,
+    key: &hardened_watcher::ObjectKey,
+) -> crate::error::Result<super::publish::Action> {
+    super::publish::reconcile(ctx, controller, key, &untimed(ctx))
+        .await
+        .settle(ctx, controller, key)
+}
+
 /// A context whose client points nowhere: for code that never calls the API.
 #[cfg(test)]
 pub fn context() -> Context {

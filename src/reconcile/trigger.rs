@@ -12,32 +12,34 @@ use crate::desired::PodInfo;
 use crate::locks::lock;
 use hardened_watcher::ObjectKey;
 
-#[derive(Default)]
-struct ServiceState {
+/// What one sync of a Service saw: each pod's Ready-transition time and
+/// the Service's creation time. The next sync's trigger time is the
+/// earliest of those that moved forward since.
+#[derive(Debug, Default)]
+pub struct Seen {
     pod_times: HashMap<String, Timestamp>,
     service_time: Option<Timestamp>,
 }
 
 #[derive(Default)]
 pub struct TriggerTimes {
-    states: Mutex<HashMap<ObjectKey, ServiceState>>,
+    states: Mutex<HashMap<ObjectKey, Seen>>,
 }
 
 impl TriggerTimes {
-    /// The trigger time for this sync of `key`, updating the remembered state.
+    /// The trigger time for this sync of `key`, and what it saw, for
+    /// [`TriggerTimes::remember`] once the reconcile is over. Reads only.
     pub fn compute(
         &self,
         key: &ObjectKey,
         service_created: Option<Timestamp>,
         pods: &[&PodInfo],
-    ) -> Option<Timestamp> {
-        let mut states = lock(&self.states);
-        let previous = states.remove(key);
-        let first_sync = previous.is_none();
-        let mut previous = previous.unwrap_or_default();
-        let mut next = ServiceState {
+    ) -> (Option<Timestamp>, Seen) {
+        let states = lock(&self.states);
+        let previous = states.get(key);
+        let mut next = Seen {
             pod_times: HashMap::with_capacity(pods.len()),
-            service_time: None,
+            service_time: service_created,
         };
         let mut earliest: Option<Timestamp> = None;
         let mut consider = |t: Timestamp| {
@@ -47,30 +49,32 @@ impl TriggerTimes {
             let Some(t) = pod.ready_transition() else {
                 continue;
             };
-            // A pod's name moves from the previous state to the next (a
-            // reconcile per pod flip; pod names are unique in a namespace).
-            let (name, seen) = match previous.pod_times.remove_entry(pod.name()) {
-                Some((name, seen)) => (name, Some(seen)),
-                None => (pod.name().to_string(), None),
-            };
-            if seen.is_none_or(|seen| t > seen) {
+            let seen = previous.and_then(|p| p.pod_times.get(pod.name()));
+            if seen.is_none_or(|seen| t > *seen) {
                 consider(t);
             }
-            next.pod_times.insert(name, t);
+            next.pod_times.insert(pod.name().to_string(), t);
         }
-        if let Some(t) = service_created {
-            if previous.service_time.is_none_or(|seen| t > seen) {
-                consider(t);
-            }
-            next.service_time = Some(t);
+        if let Some(t) = service_created
+            && previous
+                .and_then(|p| p.service_time)
+                .is_none_or(|seen| t > seen)
+        {
+            consider(t);
         }
-        states.insert(key.clone(), next);
-        // Upstream reports a Service it sees for the first time by its creation
-        // time alone, whatever its pods did.
-        if first_sync {
-            return service_created;
-        }
-        earliest
+        // Upstream reports a Service it sees for the first time by its
+        // creation time alone, whatever its pods did.
+        let trigger = if previous.is_none() {
+            service_created
+        } else {
+            earliest
+        };
+        (trigger, next)
+    }
+
+    /// Keeps what a sync of `key` saw, for the next one to compare with.
+    pub fn remember(&self, key: &ObjectKey, seen: Seen) {
+        lock(&self.states).insert(key.clone(), seen);
     }
 
     pub fn forget(&self, key: &ObjectKey) {
@@ -96,6 +100,13 @@ mod tests {
         Timestamp::from_second(s).expect("ts")
     }
 
+    /// One sync: its trigger time, what it saw remembered.
+    fn sync(t: &TriggerTimes, key: &ObjectKey, pods: &[&PodInfo]) -> Option<Timestamp> {
+        let (trigger, seen) = t.compute(key, Some(ts(100)), pods);
+        t.remember(key, seen);
+        trigger
+    }
+
     #[test]
     fn first_sync_is_the_creation_time_then_changed_pods() {
         let t = TriggerTimes::default();
@@ -104,15 +115,21 @@ mod tests {
             name: "svc".into(),
         };
         let (a, b) = (pod("a", Some(50)), pod("b", Some(150)));
+        // Computing remembers nothing: a sync whose effects were not
+        // applied leaves the next one where it was.
+        assert_eq!(t.compute(&key, Some(ts(100)), &[&a, &b]).0, Some(ts(100)));
         // First sight: the creation time alone, although pod a is earlier.
-        assert_eq!(t.compute(&key, Some(ts(100)), &[&a, &b]), Some(ts(100)));
+        assert_eq!(sync(&t, &key, &[&a, &b]), Some(ts(100)));
         // Nothing moved: no trigger time.
-        assert_eq!(t.compute(&key, Some(ts(100)), &[&a, &b]), None);
+        assert_eq!(sync(&t, &key, &[&a, &b]), None);
         // Pod b became ready again later: its new transition time.
         let b2 = pod("b", Some(300));
-        assert_eq!(t.compute(&key, Some(ts(100)), &[&a, &b2]), Some(ts(300)));
+        assert_eq!(sync(&t, &key, &[&a, &b2]), Some(ts(300)));
         // A new pod without a Ready condition contributes nothing.
         let c = pod("c", None);
-        assert_eq!(t.compute(&key, Some(ts(100)), &[&a, &b2, &c]), None);
+        assert_eq!(sync(&t, &key, &[&a, &b2, &c]), None);
+        // Forgotten (its objects deleted): first sight again.
+        t.forget(&key);
+        assert_eq!(sync(&t, &key, &[&a, &b2, &c]), Some(ts(100)));
     }
 }
