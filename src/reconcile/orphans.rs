@@ -54,11 +54,13 @@ pub(crate) fn observe(service_cached: bool, endpoints: Option<&CachedEndpoints>)
     // Upstream's Endpoints are upstream's to delete in opt-in scope, and ours
     // to delete in all scope: an orphan is anybody else's.
     let managed_by = endpoints.and_then(|ep| ep.managed_by());
+    let orphan =
+        !service_cached && endpoints.is_some() && !Managers::OWN_AND_UPSTREAM.endpoints(managed_by);
     Effect::Orphan {
-        orphan: !service_cached
-            && endpoints.is_some()
-            && !Managers::OWN_AND_UPSTREAM.endpoints(managed_by),
-        managed_by: managed_by.map(str::to_owned),
+        orphan,
+        // Only logged when the key becomes an orphan: not copied otherwise,
+        // as this runs in every Endpoints reconcile.
+        managed_by: managed_by.filter(|_| orphan).map(str::to_owned),
     }
 }
 

@@ -279,23 +279,33 @@ mod tests {
     /// One reconcile's `follow_up` of the decision to keep the slices
     /// current, its effects settled as the worker settles them.
     fn step(ctx: &crate::reconcile::Context, key: &ObjectKey, svc: &CachedService) -> Action {
+        let effects = Effects::default();
+        let action = follow_up_of(ctx, key, svc, &effects);
+        Outcome::new(Ok(action), effects)
+            .settle(ctx, Controller::Endpointslices, key)
+            .unwrap_or_else(|err| panic!("settled: {err}"))
+    }
+
+    /// The slice controller's `follow_up` of the decision to keep `svc`'s
+    /// slices current, its effects left in `effects`.
+    fn follow_up_of(
+        ctx: &crate::reconcile::Context,
+        key: &ObjectKey,
+        svc: &CachedService,
+        effects: &Effects,
+    ) -> Action {
         let Handling::OptedOut(managed) = svc.handling(ctx.policy.scope) else {
             panic!("not opted out: {:?}", svc.handling(ctx.policy.scope));
         };
-        let controller = Controller::Endpointslices;
-        let effects = Effects::default();
         let timer = untimed(ctx);
         let job = Job {
             ctx,
-            controller,
+            controller: Controller::Endpointslices,
             key,
             timer: &timer,
-            effects: &effects,
+            effects,
         };
-        let action = follow_up(&job, Some(svc), &Decision::Reconcile(managed));
-        Outcome::new(Ok(action), effects)
-            .settle(ctx, controller, key)
-            .unwrap_or_else(|err| panic!("settled: {err}"))
+        follow_up(&job, Some(svc), &Decision::Reconcile(managed))
     }
 
     #[tokio::test]
@@ -331,19 +341,7 @@ mod tests {
     #[tokio::test]
     async fn the_clock_starts_only_when_the_outcome_is_settled() {
         let (ctx, key, svc) = opting_out(Duration::from_secs(300));
-        let Handling::OptedOut(managed) = svc.handling(ctx.policy.scope) else {
-            panic!("not opted out");
-        };
-        let effects = Effects::default();
-        let timer = untimed(&ctx);
-        let job = Job {
-            ctx: &ctx,
-            controller: Controller::Endpointslices,
-            key: &key,
-            timer: &timer,
-            effects: &effects,
-        };
-        follow_up(&job, Some(&svc), &Decision::Reconcile(managed));
+        follow_up_of(&ctx, &key, &svc, &Effects::default());
         assert_eq!(ctx.slices.opt_outs.since(&key), None);
         assert!(step(&ctx, &key, &svc) != Action::Done);
         assert!(ctx.slices.opt_outs.since(&key).is_some());
