@@ -36,10 +36,28 @@ impl InProcess {
     /// `after` of endpoints-guard's /metrics; `None` when a histogram is
     /// missing from either.
     pub fn between(kind: Kind, before: &str, after: &str) -> Option<Self> {
+        Self::over(kind, &[(before, after)])
+    }
+
+    /// The figures of `kind`'s controller over several spans, each between
+    /// a scrape before and one after it, taken together; `None` without
+    /// spans or when a histogram is missing from a scrape.
+    pub fn over(kind: Kind, spans: &[(&str, &str)]) -> Option<Self> {
         let label = kind.name();
-        let sent = Buckets::read(after, SENT, label)?.minus(&Buckets::read(before, SENT, label)?);
-        let answered =
-            Buckets::read(after, ANSWERED, label)?.minus(&Buckets::read(before, ANSWERED, label)?);
+        let added = |name: &str| -> Option<Buckets> {
+            let mut total: Option<Buckets> = None;
+            for (before, after) in spans {
+                let span =
+                    Buckets::read(after, name, label)?.minus(&Buckets::read(before, name, label)?);
+                total = Some(match total {
+                    Some(total) => total.plus(&span),
+                    None => span,
+                });
+            }
+            total
+        };
+        let sent = added(SENT)?;
+        let answered = added(ANSWERED)?;
         let ms = |b: &Buckets, q: f64| b.quantile(q) * 1000.0;
         Some(Self {
             samples: sent.count(),
@@ -100,6 +118,23 @@ impl Buckets {
                         .find(|(l, _)| *l == le)
                         .map_or(0.0, |(_, n)| *n);
                     (le, (n - before).max(0.0))
+                })
+                .collect(),
+        )
+    }
+
+    /// Both spans' samples, bucket by bucket (the bounds are the same).
+    fn plus(&self, other: &Self) -> Self {
+        Self(
+            self.0
+                .iter()
+                .map(|&(le, n)| {
+                    let more = other
+                        .0
+                        .iter()
+                        .find(|(l, _)| *l == le)
+                        .map_or(0.0, |(_, n)| *n);
+                    (le, n + more)
                 })
                 .collect(),
         )
@@ -216,5 +251,29 @@ mod tests {
             InProcess::between(Kind::Endpoints, &text, &text),
             Some(InProcess::default())
         );
+    }
+
+    #[test]
+    fn spans_add_up_and_what_lies_between_them_is_left_out() {
+        let scrape = |fast: u64, slow: u64| {
+            let all = fast + slow;
+            exposition(
+                SENT,
+                "endpoints",
+                &[("0.001", fast), ("0.008", all), ("+Inf", all)],
+            ) + &exposition(
+                ANSWERED,
+                "endpoints",
+                &[("0.001", fast), ("0.008", all), ("+Inf", all)],
+            )
+        };
+        // Two spans of one slow write each; between them 50 fast writes.
+        let (a0, a1, b0, b1) = (scrape(0, 0), scrape(0, 1), scrape(50, 1), scrape(50, 2));
+        let spans = [(a0.as_str(), a1.as_str()), (b0.as_str(), b1.as_str())];
+        let figures = InProcess::over(Kind::Endpoints, &spans).expect("histograms");
+        assert_eq!(figures.samples, 2);
+        assert!(figures.sent_p50_ms > 1.0, "{figures:?}");
+        assert!((figures.sent_max_ms - 8.0).abs() < 1e-9, "{figures:?}");
+        assert_eq!(InProcess::over(Kind::Endpoints, &[]), None);
     }
 }

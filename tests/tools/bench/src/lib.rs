@@ -40,7 +40,7 @@ pub mod plane;
 pub mod report;
 mod workload;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -256,14 +256,47 @@ pub struct ResyncChurn {
     pub outside_p99_ms: Option<f64>,
     /// Flips never seen, or whose write failed.
     pub missed: u64,
+    /// The bench's own status writes of the flips (sent → answer read),
+    /// p99 during resyncs and outside them: kube-apiserver's answer time
+    /// while the resync lists, beside what endpoints-guard adds.
+    #[serde(default)]
+    pub during_flip_write_p99_ms: Option<f64>,
+    #[serde(default)]
+    pub outside_flip_write_p99_ms: Option<f64>,
+    /// endpoints-guard's event → write histograms over the resync windows
+    /// alone (scraped at their edges).
+    #[serde(default)]
+    pub during_in_process: Option<inproc::InProcess>,
+}
+
+/// What one run of pod flips sent.
+#[derive(Debug, Default)]
+struct Flipped {
+    sent: u64,
+    /// Status writes that failed.
+    failed: u64,
+    /// Each answered status write: when it was sent, and its round trip (ms).
+    writes: Vec<(Instant, f64)>,
+}
+
+/// A resync's window in time, with endpoints-guard's metrics scraped at
+/// or before its start and at its end.
+struct ResyncWindow {
+    from: Instant,
+    to: Instant,
+    metrics_before: String,
+    metrics_after: String,
+}
+
+impl ResyncWindow {
+    fn holds(&self, at: Instant) -> bool {
+        (self.from..=self.to).contains(&at)
+    }
 }
 
 /// The time windows of the next `RESYNCS_UNDER_CHURN` resyncs of the fresh
 /// endpoints-guard `r`, from its metrics (see `Bench::churn_through_resyncs`).
-async fn resync_windows(
-    r: &controllers::Running,
-    interval: Duration,
-) -> Result<Vec<(Instant, Instant)>> {
+async fn resync_windows(r: &controllers::Running, interval: Duration) -> Result<Vec<ResyncWindow>> {
     const SCRAPE: Duration = Duration::from_millis(100);
     let read = |text: &str| {
         (
@@ -271,7 +304,11 @@ async fn resync_windows(
             procstat::metric(text, "endpoints_guard_resync_duration_seconds_sum").unwrap_or(0.0),
         )
     };
-    let (mut count, mut sum) = read(&r.metrics().await?);
+    let first = r.metrics().await?;
+    let (mut count, mut sum) = read(&first);
+    // The scrapes since the last resync ended, oldest first: one of them
+    // opens the next window.
+    let mut recent: VecDeque<(Instant, String)> = VecDeque::from([(Instant::now(), first)]);
     let deadline =
         Instant::now() + (interval + Duration::from_secs(120)) * (RESYNCS_UNDER_CHURN as u32 + 1);
     let mut windows = Vec::new();
@@ -280,13 +317,29 @@ async fn resync_windows(
             anyhow::bail!("{RESYNCS_UNDER_CHURN} resyncs did not finish in time");
         }
         tokio::time::sleep(SCRAPE).await;
-        let (now_count, now_sum) = read(&r.metrics().await?);
+        let text = r.metrics().await?;
+        let now = Instant::now();
+        let (now_count, now_sum) = read(&text);
         if now_count > count {
-            let end = Instant::now();
             let took = Duration::from_secs_f64((now_sum - sum).max(0.0)) + SCRAPE;
-            windows.push((end.checked_sub(took).unwrap_or(end), end));
+            let from = now.checked_sub(took).unwrap_or(now);
+            let metrics_before = recent
+                .iter()
+                .rev()
+                .find(|(at, _)| *at <= from)
+                .or(recent.front())
+                .map(|(_, text)| text.clone())
+                .unwrap_or_default();
+            windows.push(ResyncWindow {
+                from,
+                to: now,
+                metrics_before,
+                metrics_after: text.clone(),
+            });
             (count, sum) = (now_count, now_sum);
+            recent.clear();
         }
+        recent.push_back((now, text));
     }
     Ok(windows)
 }
@@ -641,7 +694,11 @@ impl Bench {
             Controller::Guard => Some(running.metrics().await?),
             _ => None,
         };
-        let (flips, failed) = self.churn().await?;
+        let Flipped {
+            sent: flips,
+            failed,
+            ..
+        } = self.churn().await?;
         let _ = obs
             .wait_for("churn drained", Duration::from_secs(30), |o| {
                 o.pending() == 0
@@ -780,8 +837,8 @@ impl Bench {
         Ok(now)
     }
 
-    /// Flips `rate` pods a second for the churn duration; returns (flips, failed writes).
-    async fn churn(&self) -> Result<(u64, u64)> {
+    /// Flips `rate` pods a second for the churn duration.
+    async fn churn(&self) -> Result<Flipped> {
         self.flip_pods(self.churn_total(), false, &AtomicBool::new(false))
             .await
     }
@@ -789,8 +846,8 @@ impl Bench {
     /// Flips `rate` pods a second, `total` at most, fewer if `stop` turns
     /// true first: pod `k` in turn, to not ready (`to_ready` false: churn)
     /// or back to Ready (`to_ready` true, the pods churn left not ready);
-    /// past the last pod the other way. Returns (flips, failed writes).
-    async fn flip_pods(&self, total: u64, to_ready: bool, stop: &AtomicBool) -> Result<(u64, u64)> {
+    /// past the last pod the other way.
+    async fn flip_pods(&self, total: u64, to_ready: bool, stop: &AtomicBool) -> Result<Flipped> {
         let rate = self.opts.churn_rate.max(1);
         let pods = &self.workload.pods;
         let mut ticker = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(rate)));
@@ -807,23 +864,30 @@ impl Bench {
             let want_ready = ((k as usize / pods.len()) % 2 == 1) != to_ready;
             let pod = pods[i].clone();
             let (client, obs, limit) = (self.client.clone(), self.obs()?.clone(), limit.clone());
-            obs.expect_flip(pod.key(), want_ready, Instant::now());
+            let at = Instant::now();
+            obs.expect_flip(pod.key(), want_ready, at);
             tasks.spawn(async move {
                 let _permit = limit.acquire_owned().await;
                 let result = set_ready(&client, &pod, want_ready).await;
                 if result.is_err() {
                     obs.cancel_flip(&pod.key());
                 }
-                result.is_err()
+                result
+                    .is_ok()
+                    .then(|| (at, at.elapsed().as_secs_f64() * 1000.0))
             });
         }
-        let mut failed = 0;
+        let mut flipped = Flipped {
+            sent,
+            ..Flipped::default()
+        };
         while let Some(res) = tasks.join_next().await {
-            if res.unwrap_or(true) {
-                failed += 1;
+            match res.ok().flatten() {
+                Some(write) => flipped.writes.push(write),
+                None => flipped.failed += 1,
             }
         }
-        Ok((sent, failed))
+        Ok(flipped)
     }
 
     /// Pods flipped while the fresh endpoints-guard `r` (its first resync
@@ -847,7 +911,7 @@ impl Bench {
         };
         let (flipped, windows) =
             tokio::join!(self.flip_pods(self.churn_total(), true, &stop), windows);
-        let (_, failed) = flipped?;
+        let Flipped { failed, writes, .. } = flipped?;
         let windows = windows?;
         let _ = obs
             .wait_for("flips drained", Duration::from_secs(30), |o| {
@@ -855,23 +919,31 @@ impl Bench {
             })
             .await;
         let (flips, missed) = obs.take_flips();
-        let (during, outside): (Vec<Flip>, Vec<Flip>) = flips.into_iter().partition(|f| {
-            windows
-                .iter()
-                .any(|(from, to)| (*from..=*to).contains(&f.sent))
-        });
-        let p99 = |flips: &[Flip]| {
-            let mut ms: Vec<f64> = flips.iter().map(|f| f.ms).collect();
+        let during = |at: Instant| windows.iter().any(|w| w.holds(at));
+        let p99 = |mut ms: Vec<f64>| {
             ms.sort_by(f64::total_cmp);
             (!ms.is_empty()).then(|| report::percentile(&ms, 99.0))
         };
+        let (flips_during, flips_outside): (Vec<Flip>, Vec<Flip>) =
+            flips.into_iter().partition(|f| during(f.sent));
+        let (writes_during, writes_outside): (Vec<_>, Vec<_>) =
+            writes.into_iter().partition(|(at, _)| during(*at));
+        let ms = |flips: &[Flip]| flips.iter().map(|f| f.ms).collect::<Vec<_>>();
+        let write_ms = |writes: Vec<(Instant, f64)>| writes.into_iter().map(|(_, ms)| ms).collect();
+        let spans: Vec<(&str, &str)> = windows
+            .iter()
+            .map(|w| (w.metrics_before.as_str(), w.metrics_after.as_str()))
+            .collect();
         Ok(ResyncChurn {
             resyncs: windows.len(),
-            during_flips: during.len(),
-            during_p99_ms: p99(&during),
-            outside_flips: outside.len(),
-            outside_p99_ms: p99(&outside),
+            during_flips: flips_during.len(),
+            during_p99_ms: p99(ms(&flips_during)),
+            outside_flips: flips_outside.len(),
+            outside_p99_ms: p99(ms(&flips_outside)),
             missed: missed as u64 + failed,
+            during_flip_write_p99_ms: p99(write_ms(writes_during)),
+            outside_flip_write_p99_ms: p99(write_ms(writes_outside)),
+            during_in_process: inproc::InProcess::over(self.kind, &spans),
         })
     }
 
@@ -920,17 +992,18 @@ impl Bench {
             self.kind.objects()
         ));
         let churn = self.churn_through_resyncs(&r, interval).await?;
+        let shown = |v: Option<f64>| v.map_or("—".into(), |v| format!("{v:.1}"));
         log(&format!(
-            "{} endpoints-guard: churn p99 during a resync {} ms ({} flips), outside {} ms ({} flips)",
+            "{} endpoints-guard: churn p99 during a resync {} ms ({} flips), outside {} ms ({} flips); \
+             the flips' own status writes p99 {} ms during, {} ms outside; in the process during, event → write answered p99 {} ms",
             self.kind.objects(),
-            churn
-                .during_p99_ms
-                .map_or("—".into(), |v| format!("{v:.1}")),
+            shown(churn.during_p99_ms),
             churn.during_flips,
-            churn
-                .outside_p99_ms
-                .map_or("—".into(), |v| format!("{v:.1}")),
-            churn.outside_flips
+            shown(churn.outside_p99_ms),
+            churn.outside_flips,
+            shown(churn.during_flip_write_p99_ms),
+            shown(churn.outside_flip_write_p99_ms),
+            shown(churn.during_in_process.as_ref().map(|p| p.answered_p99_ms)),
         ));
         let resync = Resync {
             duration_s,

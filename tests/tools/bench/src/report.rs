@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use super::checks::CheckCost;
 use super::inproc::InProcess;
 use super::plane::Spend;
-use super::{BenchOptions, Controller, Ghost, Kind, Phase, Resync};
+use super::{BenchOptions, Controller, Ghost, Kind, Phase, Resync, ResyncChurn};
 
 /// One controller at one size. The first fields are the ones issue 7 names;
 /// `cpu_s`, `writes`, `requests` cover cold sync, churn and steady (not the
@@ -131,6 +131,11 @@ impl RunResult {
         let added = self.apiserver_cpu_s_per_min_at_rest? + self.etcd_cpu_s_per_min_at_rest?;
         let checks = self.consistency_check_cpu_s_per_min?;
         (checks > 0.0).then(|| added / checks)
+    }
+
+    /// The pod flips of the resync phase, filed by whether a resync ran.
+    pub fn resync_churn(&self) -> Option<&ResyncChurn> {
+        self.resync.as_ref()?.churn.as_ref()
     }
 
     /// Peak RSS over the pods of the workload, in bytes.
@@ -754,6 +759,33 @@ pub fn markdown(kind: Kind, runs: &[RunResult]) -> String {
             "churn p99 during a resync (ms)",
             &|r| r.churn_p99_during_resync_ms,
             1,
+        );
+        out += &optional(
+            "churn p99 outside a resync, the same process (ms)",
+            &|r| r.resync_churn()?.outside_p99_ms,
+            1,
+        );
+        out += &optional(
+            "a flip's own status write, p99 during a resync (ms)",
+            &|r| r.resync_churn()?.during_flip_write_p99_ms,
+            1,
+        );
+        out += &optional(
+            "a flip's own status write, p99 outside a resync (ms)",
+            &|r| r.resync_churn()?.outside_flip_write_p99_ms,
+            1,
+        );
+        out += &optional(
+            "inside the process during a resync: event → write answered, p99 (ms)",
+            &|r| {
+                Some(
+                    r.resync_churn()?
+                        .during_in_process
+                        .as_ref()?
+                        .answered_p99_ms,
+                )
+            },
+            2,
         );
         let mut line = format!(
             "| ghost: its address gone after its lost DELETE, from every {} |",
