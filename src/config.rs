@@ -163,14 +163,6 @@ pub struct Config {
     #[arg(long, env = "EG_LIST_PAGE_SIZE", default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=10000))]
     pub list_page_size: u32,
 
-    /// The pause between two pages of a periodic resync's list (e.g. 20ms;
-    /// 0: none). The watches stay open and their events are applied while
-    /// it runs; the pause spreads the list's cost to kube-apiserver over a
-    /// longer time, so that a change made meanwhile waits less behind it.
-    /// A full resync then takes pages × pause longer (docs/bench.md).
-    #[arg(long, env = "EG_RESYNC_PAGE_PAUSE", default_value = "0s", value_parser = parse_duration)]
-    pub resync_page_pause: Duration,
-
     /// How pods are read: protobuf (kube-apiserver's
     /// application/vnd.kubernetes.protobuf, the cheaper decode; an API server
     /// or proxy that answers JSON is read as JSON) or json.

@@ -32,8 +32,6 @@ struct Watching<'a> {
     namespace: Option<&'a str>,
     /// Objects per LIST page.
     page_limit: u32,
-    /// The pause between two pages of a periodic resync's list.
-    resync_page_pause: Duration,
     wire: Wire,
     observer: Arc<dyn WatchObserver>,
     shutdown: &'a signal::Receiver<bool>,
@@ -57,8 +55,7 @@ impl KindVisitor for Watching<'_> {
             .store(K::store(&self.ctx.stores).clone())
             .on_change(on_change)
             .observer(self.observer.clone())
-            .page_limit(self.page_limit)
-            .resync_page_pause(self.resync_page_pause);
+            .page_limit(self.page_limit);
         if self.wire == Wire::Protobuf
             && let Some(decode) = K::protobuf()
         {
@@ -185,7 +182,6 @@ pub async fn start(
         ctx: &ctx,
         namespace: cfg.namespace.as_deref(),
         page_limit: cfg.list_page_size,
-        resync_page_pause: cfg.resync_page_pause,
         wire: cfg.wire,
         observer: metrics.clone(),
         shutdown: &shutdown,

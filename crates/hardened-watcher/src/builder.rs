@@ -168,17 +168,6 @@ where
         self
     }
 
-    /// Pauses `pause` between two pages of a periodic resync that lists
-    /// beside the open watch (default: none). The watch's events are applied
-    /// meanwhile; the pause spreads the list's cost to the API server, so
-    /// that other requests, and the events its watches deliver, wait less
-    /// behind it. A list the watch waits for (the first, a relist) is never
-    /// paused.
-    pub fn resync_page_pause(mut self, pause: Duration) -> Self {
-        self.config.resync_page_pause = pause;
-        self
-    }
-
     /// The server-side timeout of each WATCH request, after which the server
     /// closes it and the watcher resumes from the highest resourceVersion
     /// (default 290 s), in whole seconds, at least one (the API takes

@@ -6,7 +6,7 @@
 use std::cmp::Ordering;
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use kube::runtime::utils::Backoff;
 use tokio::sync::oneshot;
@@ -111,8 +111,6 @@ pub struct WatchCore<T: Cached> {
     pub(super) watch_open: bool,
     /// The resync listing beside the open watch (`core_beside.rs`).
     pub(super) beside: Option<super::core_beside::Beside>,
-    /// The pause between two pages of a resync listing beside the watch.
-    pub(super) beside_page_pause: Duration,
 }
 
 /// A resync lists at exactly the store's current revision, which a one-item
@@ -164,18 +162,7 @@ impl<T: Cached> WatchCore<T> {
             list_skipped: 0,
             watch_open: false,
             beside: None,
-            beside_page_pause: Duration::ZERO,
         }
-    }
-
-    /// Pauses `pause` between two pages of a resync that lists beside the
-    /// open watch (none by default). The watch's events go on being applied
-    /// meanwhile; the pause spreads the list's cost to the API server over
-    /// a longer time, so that the requests of others, and the events the
-    /// list's pages would be served beside, wait less for it. A list the
-    /// watch waits for is never paused.
-    pub fn pace_resync_pages(&mut self, pause: Duration) {
-        self.beside_page_pause = pause;
     }
 
     /// Records when the next input (a watch line, a list page, a live read's

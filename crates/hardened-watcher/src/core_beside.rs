@@ -47,11 +47,9 @@ pub(super) enum Beside {
         /// `None` for the first page.
         continue_token: Option<String>,
     },
-    /// A page is asked for after `delay`: a throttled page again after
-    /// the server's pause, or the next page after the pace between pages
-    /// ([`WatchCore::pace_resync_pages`]).
+    /// A throttled page is asked for again after `delay`.
     Pause {
-        /// How long to wait.
+        /// The server's pause.
         delay: Duration,
         /// The page to ask for then.
         continue_token: Option<String>,
@@ -78,8 +76,7 @@ pub enum BesideStep {
         /// For the first page: the probed revision, exactly.
         exact_rv: Option<String>,
     },
-    /// A pause (a throttled page, or the pace between pages); then
-    /// [`WatchCore::on_beside_pause_elapsed`].
+    /// A pause (a throttled page); then [`WatchCore::on_beside_pause_elapsed`].
     Pause(Duration),
 }
 
@@ -202,14 +199,8 @@ impl<T: Cached> WatchCore<T> {
             return self.beside_gives_up();
         }
         if let Some(token) = page.continue_token.filter(|token| !token.is_empty()) {
-            let continue_token = Some(token);
-            self.beside = Some(if self.beside_page_pause.is_zero() {
-                Beside::Page { continue_token }
-            } else {
-                Beside::Pause {
-                    delay: self.beside_page_pause,
-                    continue_token,
-                }
+            self.beside = Some(Beside::Page {
+                continue_token: Some(token),
             });
             return false;
         }
@@ -241,8 +232,7 @@ impl<T: Cached> WatchCore<T> {
         }
     }
 
-    /// The pause before the next page (a throttled page's, or the pace
-    /// between pages) is over.
+    /// The pause a throttled page asked for is over.
     pub fn on_beside_pause_elapsed(&mut self) {
         if let Some(Beside::Waiting { continue_token }) = self.beside.take() {
             self.beside = Some(Beside::Page { continue_token });

@@ -260,38 +260,3 @@ fn a_disputed_item_ends_the_watch_for_its_live_read() {
             .any(|c| matches!(c, Change::DeletionCandidate(_)))
     );
 }
-
-/// Paced, a resync listing beside the watch pauses between its pages (not
-/// before the first, not after the last), and the watch's events go on
-/// being applied during the pause.
-#[test]
-fn a_paced_resync_pauses_between_pages_while_events_apply() {
-    let (mut h, mut answer) =
-        resync_beside(vec![obj("a", "ua", "100"), obj("gone", "ug", "110")], "200");
-    h.core.pace_resync_pages(Duration::from_millis(40));
-    assert!(!h.core.on_beside_probe(Ok("300".into())));
-    assert_eq!(h.core.beside_step(), Some(first_page("300")));
-    h.core
-        .on_beside_page(Ok(page(vec![obj("a", "ua", "100")], Some("c1"), "300")));
-    assert_eq!(
-        h.core.beside_step(),
-        Some(BesideStep::Pause(Duration::from_millis(40)))
-    );
-    // Nothing else is asked for while the pause runs.
-    assert_eq!(h.core.beside_step(), None);
-    h.event(Added, obj("new", "un", "310"));
-    assert_eq!(h.take_changes().len(), 1);
-    h.core.on_beside_pause_elapsed();
-    assert_eq!(
-        h.core.beside_step(),
-        Some(BesideStep::List {
-            continue_token: Some("c1".into()),
-            limit: 500,
-            exact_rv: None,
-        })
-    );
-    h.core.on_beside_page(Ok(page(vec![], None, "300")));
-    assert_eq!(h.core.beside_step(), None);
-    assert_eq!(h.deletion_candidates(), vec![key("gone")]);
-    assert!(answer.try_recv().is_ok());
-}

@@ -44,8 +44,6 @@ pub(crate) struct WatchConfig {
     pub watch_timeout_secs: u32,
     /// Which objects it sees.
     pub selectors: Selectors,
-    /// The pause between two pages of a resync listing beside the watch.
-    pub resync_page_pause: Duration,
 }
 
 impl Default for WatchConfig {
@@ -54,7 +52,6 @@ impl Default for WatchConfig {
             page_limit: super::machine::DEFAULT_PAGE_LIMIT,
             watch_timeout_secs: 290,
             selectors: Selectors::default(),
-            resync_page_pause: Duration::ZERO,
         }
     }
 }
@@ -197,14 +194,13 @@ where
                 resource: self.store.resource().to_owned(),
             })?;
         let span = info_span!("watch", resource = self.store.resource());
-        let mut core = WatchCore::new(
+        let core = WatchCore::new(
             self.store,
             self.sink,
             self.observer,
             self.config.page_limit,
             Box::new(DefaultBackoff::default()),
         );
-        core.pace_resync_pages(self.config.resync_page_pause);
         let mut driver = Driver {
             api: self.api,
             dyntype: self.dyntype,
