@@ -306,8 +306,10 @@ async fn resync_windows(r: &controllers::Running, interval: Duration) -> Result<
     };
     let first = r.metrics().await?;
     let (mut count, mut sum) = read(&first);
-    // The scrapes since the last resync ended, oldest first: one of them
-    // opens the next window.
+    // The scrapes since the last resync ended, oldest first, a minute of
+    // them at most: one of them opens the next window (a resync that lasts
+    // longer is measured from the oldest kept).
+    const KEPT: usize = 600;
     let mut recent: VecDeque<(Instant, String)> = VecDeque::from([(Instant::now(), first)]);
     let deadline =
         Instant::now() + (interval + Duration::from_secs(120)) * (RESYNCS_UNDER_CHURN as u32 + 1);
@@ -338,6 +340,9 @@ async fn resync_windows(r: &controllers::Running, interval: Duration) -> Result<
             });
             (count, sum) = (now_count, now_sum);
             recent.clear();
+        }
+        if recent.len() == KEPT {
+            recent.pop_front();
         }
         recent.push_back((now, text));
     }
