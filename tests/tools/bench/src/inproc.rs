@@ -108,33 +108,27 @@ impl Buckets {
 
     /// The samples added since `earlier`, bucket by bucket.
     fn minus(&self, earlier: &Self) -> Self {
-        Self(
-            self.0
-                .iter()
-                .map(|&(le, n)| {
-                    let before = earlier
-                        .0
-                        .iter()
-                        .find(|(l, _)| *l == le)
-                        .map_or(0.0, |(_, n)| *n);
-                    (le, (n - before).max(0.0))
-                })
-                .collect(),
-        )
+        self.bucketwise(earlier, |n, before| (n - before).max(0.0))
     }
 
     /// Both spans' samples, bucket by bucket (the bounds are the same).
     fn plus(&self, other: &Self) -> Self {
+        self.bucketwise(other, |n, more| n + more)
+    }
+
+    /// `combine` of each bucket's count with `other`'s at the same bound
+    /// (0 where `other` lacks it).
+    fn bucketwise(&self, other: &Self, combine: impl Fn(f64, f64) -> f64) -> Self {
         Self(
             self.0
                 .iter()
                 .map(|&(le, n)| {
-                    let more = other
+                    let theirs = other
                         .0
                         .iter()
                         .find(|(l, _)| *l == le)
                         .map_or(0.0, |(_, n)| *n);
-                    (le, n + more)
+                    (le, combine(n, theirs))
                 })
                 .collect(),
         )
