@@ -294,6 +294,20 @@ impl ResyncWindow {
     }
 }
 
+/// Of samples taken in time order, the last taken at or before `at`, else
+/// the first.
+fn at_or_before<'a, T: PartialOrd + 'a, V: 'a>(
+    samples: impl DoubleEndedIterator<Item = &'a (T, V)> + Clone,
+    at: &T,
+) -> Option<&'a V> {
+    samples
+        .clone()
+        .rev()
+        .find(|(t, _)| t <= at)
+        .or_else(|| samples.into_iter().next())
+        .map(|(_, v)| v)
+}
+
 /// The time windows of the next `RESYNCS_UNDER_CHURN` resyncs of the fresh
 /// endpoints-guard `r`, from its metrics (see `Bench::churn_through_resyncs`).
 async fn resync_windows(r: &controllers::Running, interval: Duration) -> Result<Vec<ResyncWindow>> {
@@ -325,12 +339,8 @@ async fn resync_windows(r: &controllers::Running, interval: Duration) -> Result<
         if now_count > count {
             let took = Duration::from_secs_f64((now_sum - sum).max(0.0)) + SCRAPE;
             let from = now.checked_sub(took).unwrap_or(now);
-            let metrics_before = recent
-                .iter()
-                .rev()
-                .find(|(at, _)| *at <= from)
-                .or(recent.front())
-                .map(|(_, text)| text.clone())
+            let metrics_before = at_or_before(recent.iter(), &from)
+                .cloned()
                 .unwrap_or_default();
             windows.push(ResyncWindow {
                 from,
@@ -978,12 +988,8 @@ impl Bench {
         };
         let from = end - Duration::from_secs_f64(duration_s + 0.25);
         let cpu_end = r.cpu()?;
-        let cpu_start = samples
-            .iter()
-            .rev()
-            .find(|(t, _)| *t <= from)
-            .or(samples.first())
-            .map(|(_, c)| c.clone())
+        let cpu_start = at_or_before(samples.iter(), &from)
+            .cloned()
             .unwrap_or_default();
         let (cpu_s, precise) = cpu_end.since(&cpu_start);
         // From ready to the first resync's end: the resync, and the rest
