@@ -205,6 +205,18 @@ pub struct MetaPage {
     pub protobuf: bool,
 }
 
+/// What a LIST asks kube-apiserver to put in each item.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ListShape {
+    /// `PartialObjectMetadata`: the metadata alone.
+    Metadata,
+    /// Whole objects, as a watcher's list asks for them (protobuf, JSON
+    /// second); only their metadata is read, since every kind's message
+    /// holds its ObjectMeta first, as `PartialObjectMetadata` does.
+    Whole,
+}
+
 /// LISTs one page of the metadata of every `K` in the cluster (a read from
 /// etcd for [`PageFrom::Current`], and for [`PageFrom::Exactly`] below the
 /// watch cache's snapshots), in protobuf when the server serves it.
@@ -214,6 +226,24 @@ pub async fn list_meta_page<K>(
     dyntype: &K::DynamicType,
     limit: u32,
     from: PageFrom<'_>,
+    request_label: &'static str,
+) -> Result<MetaPage, kube::Error>
+where
+    K: kube::Resource,
+{
+    list_page_as::<K>(client, dyntype, limit, from, ListShape::Metadata, request_label).await
+}
+
+/// LISTs one page of every `K` in the cluster in the given shape and reads
+/// each item's key, UID and resourceVersion, as [`list_meta_page`] does. A
+/// [`ListShape::Whole`] page costs kube-apiserver what a watcher's list
+/// page costs it, which is how the two shapes are compared.
+pub async fn list_page_as<K>(
+    client: &kube::Client,
+    dyntype: &K::DynamicType,
+    limit: u32,
+    from: PageFrom<'_>,
+    shape: ListShape,
     request_label: &'static str,
 ) -> Result<MetaPage, kube::Error>
 where
@@ -234,7 +264,10 @@ where
     req.extensions_mut().insert(request_label);
     req.headers_mut().insert(
         http::header::ACCEPT,
-        http::HeaderValue::from_static(META_LIST_ACCEPT),
+        http::HeaderValue::from_static(match shape {
+            ListShape::Metadata => META_LIST_ACCEPT,
+            ListShape::Whole => protobuf::ACCEPT,
+        }),
     );
     let (content_type, body) = send(client, req).await?;
     decode_meta_page(content_type.as_deref(), &body)

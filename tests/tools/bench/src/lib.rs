@@ -59,13 +59,12 @@ pub use controllers::{Controller, GuardDefaults, start_guard};
 pub use ghost::Ghost;
 pub use kind::Kind;
 pub use report::RunResult;
-pub use workload::{BenchSize, BenchWorkload};
+pub use workload::{BenchSize, BenchWorkload, PodRef, set_ready};
 
 use eg_harness::{ControlPlane, ControlPlaneOptions, InflightLimits};
 use eg_workload::procstat;
 use observe::{Flip, Observer};
 use plane::{PlaneSample, Spend};
-use workload::{PodRef, set_ready};
 
 /// API Priority and Fairness on, as in production, with seats enough that
 /// setting the workload up is not what is measured.
