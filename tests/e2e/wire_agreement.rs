@@ -20,7 +20,7 @@ use anyhow::{Context, Result, bail, ensure};
 use eg_harness::{ControlPlane, ControlPlaneOptions, PodBuilder, PodStatusSpec};
 use endpoints_guard::desired::{PodFields, PodInfo};
 use endpoints_guard::wire::PodWire;
-use hardened_watcher::live::{self, LiveMeta, PageFrom};
+use hardened_watcher::live::{self, ListShape, LiveMeta, PageFrom};
 use hardened_watcher::{Cached, Change, CountingObserver, ObjectKey, Store, Watcher};
 use k8s_openapi::api::core::v1::{Container, ContainerPort, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -449,7 +449,8 @@ async fn protobuf_and_json_decode_the_same_pods() -> Result<()> {
 
 /// A metadata-only LIST (`live::list_meta_page`, the compaction audit's)
 /// arrives in protobuf, page by page at the revision of a typed JSON LIST,
-/// and names the same pods with the same UIDs and resourceVersions.
+/// and names the same pods with the same UIDs and resourceVersions; so does
+/// a LIST of whole pods read the same way (`ListShape::Whole`).
 async fn metadata_pages_agree_with_the_typed_list(cp: &ControlPlane) -> Result<()> {
     let typed = Api::<Pod>::all(cp.client())
         .list(&ListParams::default())
@@ -472,29 +473,31 @@ async fn metadata_pages_agree_with_the_typed_list(cp: &ControlPlane) -> Result<(
         })
         .collect();
     let client = cp.client();
-    let (mut got, mut pages) = (BTreeMap::new(), 0);
-    let mut token: Option<String> = None;
-    loop {
-        let from = token
-            .as_deref()
-            .map_or(PageFrom::Exactly(&at), PageFrom::Continue);
-        let page = live::list_meta_page::<Pod>(&client, &(), 4, from, "list")
-            .await
-            .with_context(|| format!("metadata page {} at {at}", pages + 1))?;
-        pages += 1;
-        ensure!(page.protobuf, "metadata page {pages} was not protobuf");
-        ensure!(page.unreadable == 0, "page {pages}: {page:?}");
-        got.extend(page.items);
-        token = page.continue_token;
-        if token.is_none() {
-            break;
+    for shape in [ListShape::Metadata, ListShape::Whole] {
+        let (mut got, mut pages) = (BTreeMap::new(), 0);
+        let mut token: Option<String> = None;
+        loop {
+            let from = token
+                .as_deref()
+                .map_or(PageFrom::Exactly(&at), PageFrom::Continue);
+            let page = live::list_page_as::<Pod>(&client, &(), 4, from, shape, "list")
+                .await
+                .with_context(|| format!("{shape:?} page {} at {at}", pages + 1))?;
+            pages += 1;
+            ensure!(page.protobuf, "{shape:?} page {pages} was not protobuf");
+            ensure!(page.unreadable == 0, "page {pages}: {page:?}");
+            got.extend(page.items);
+            token = page.continue_token;
+            if token.is_none() {
+                break;
+            }
         }
+        ensure!(pages >= 3, "{} pods in {pages} pages of 4", want.len());
+        assert_eq!(
+            got, want,
+            "the {shape:?} pages name what the typed list names"
+        );
     }
-    ensure!(pages >= 3, "{} pods in {pages} pages of 4", want.len());
-    assert_eq!(
-        got, want,
-        "the metadata pages name what the typed list names"
-    );
     Ok(())
 }
 

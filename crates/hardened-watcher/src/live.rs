@@ -231,7 +231,15 @@ pub async fn list_meta_page<K>(
 where
     K: kube::Resource,
 {
-    list_page_as::<K>(client, dyntype, limit, from, ListShape::Metadata, request_label).await
+    list_page_as::<K>(
+        client,
+        dyntype,
+        limit,
+        from,
+        ListShape::Metadata,
+        request_label,
+    )
+    .await
 }
 
 /// LISTs one page of every `K` in the cluster in the given shape and reads

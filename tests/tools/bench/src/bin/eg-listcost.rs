@@ -333,7 +333,10 @@ mod tests {
         for lists in ORDER {
             assert_eq!(first.iter().filter(|l| **l == lists).count(), 1);
             for round in 1..=3 {
-                assert_eq!(round_order(round).iter().filter(|l| **l == lists).count(), 1);
+                assert_eq!(
+                    round_order(round).iter().filter(|l| **l == lists).count(),
+                    1
+                );
             }
         }
     }
