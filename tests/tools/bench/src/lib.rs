@@ -73,6 +73,14 @@ pub const BENCH_INFLIGHT: InflightLimits = InflightLimits {
     mutating: 500,
 };
 
+/// The control plane every bench tool starts: APF on, [`BENCH_INFLIGHT`].
+pub fn plane_options() -> ControlPlaneOptions {
+    ControlPlaneOptions {
+        priority_and_fairness: Some(BENCH_INFLIGHT),
+        ..ControlPlaneOptions::default()
+    }
+}
+
 /// The command line of a tool whose every flag takes a value: (flag, value)
 /// pairs in order; an error names a flag given last without its value.
 pub fn flag_values() -> Result<Vec<(String, String)>> {
@@ -499,10 +507,7 @@ impl Bench {
         let policy = dir.path().join("audit-policy.yaml");
         std::fs::write(&policy, audit::policy(&users)).context("writing the audit policy")?;
         let audit_log = dir.path().join("audit.log");
-        let mut cp_opts = ControlPlaneOptions {
-            priority_and_fairness: Some(BENCH_INFLIGHT),
-            ..ControlPlaneOptions::default()
-        };
+        let mut cp_opts = plane_options();
         if opts.any_ghost() {
             cp_opts = cp_opts.with_etcd_fault_proxy();
         }

@@ -147,6 +147,21 @@ impl BenchWorkload {
         }
     }
 
+    /// The workload of `size`, created on `client` 32 requests at a time
+    /// and reported on stderr: what the probes beside `eg-bench` start from.
+    pub async fn created(size: &BenchSize, client: &Client) -> Result<Self> {
+        let workload = Self::generate(size);
+        let took = workload.create(client, 32).await?;
+        eprintln!(
+            "size {}: {} pods in {} Services created in {:.0} s",
+            size.name,
+            size.pods(),
+            size.services,
+            took.as_secs_f64()
+        );
+        Ok(workload)
+    }
+
     /// Creates the Nodes, namespaces, Services, pods and the pods' Ready
     /// statuses with `parallel` requests in flight; returns how long it took.
     pub async fn create(&self, client: &Client, parallel: usize) -> Result<Duration> {

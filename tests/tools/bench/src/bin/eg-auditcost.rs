@@ -24,9 +24,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use eg_bench::plane::PlaneSample;
-use eg_bench::{BENCH_INFLIGHT, BenchSize, BenchWorkload, start_guard};
+use eg_bench::{BenchSize, BenchWorkload, plane_options, start_guard};
+use eg_harness::ControlPlane;
 use eg_harness::binaries::workspace_root;
-use eg_harness::{ControlPlane, ControlPlaneOptions};
 use eg_workload::metrics::sample_sum;
 
 const COMPACTION: Duration = Duration::from_secs(60);
@@ -196,23 +196,8 @@ fn main() -> Result<()> {
 }
 
 async fn run(opts: Options) -> Result<()> {
-    let cp = ControlPlane::start(
-        ControlPlaneOptions {
-            priority_and_fairness: Some(BENCH_INFLIGHT),
-            ..ControlPlaneOptions::default()
-        }
-        .etcd_compaction_interval(COMPACTION),
-    )
-    .await?;
-    let workload = BenchWorkload::generate(&opts.size);
-    let took = workload.create(&cp.client(), 32).await?;
-    eprintln!(
-        "size {}: {} pods in {} Services created in {:.0} s",
-        opts.size.name,
-        opts.size.pods(),
-        opts.size.services,
-        took.as_secs_f64()
-    );
+    let cp = ControlPlane::start(plane_options().etcd_compaction_interval(COMPACTION)).await?;
+    BenchWorkload::created(&opts.size, &cp.client()).await?;
     let mut windows = Vec::new();
     for round in 1..=opts.repeat {
         for config in round_configs(&opts, round) {

@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use eg_bench::plane::PlaneSample;
 use eg_bench::report::percentile;
-use eg_bench::{BENCH_INFLIGHT, BenchSize, BenchWorkload, PodRef, set_ready};
-use eg_harness::{ControlPlane, ControlPlaneOptions};
+use eg_bench::{BenchSize, BenchWorkload, PodRef, plane_options, set_ready};
+use eg_harness::ControlPlane;
 use hardened_watcher::live::{self, ListShape, PageFrom};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
@@ -237,29 +237,11 @@ fn p(ms: &[f64], at: f64) -> f64 {
     percentile(&sorted, at)
 }
 
-fn main() -> Result<()> {
+#[tokio::main]
+async fn main() -> Result<()> {
     let opts = parse()?;
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?
-        .block_on(run(opts))
-}
-
-async fn run(opts: Options) -> Result<()> {
-    let cp = ControlPlane::start(ControlPlaneOptions {
-        priority_and_fairness: Some(BENCH_INFLIGHT),
-        ..ControlPlaneOptions::default()
-    })
-    .await?;
-    let workload = BenchWorkload::generate(&opts.size);
-    let took = workload.create(&cp.client(), 32).await?;
-    eprintln!(
-        "size {}: {} pods in {} Services created in {:.0} s",
-        opts.size.name,
-        opts.size.pods(),
-        opts.size.services,
-        took.as_secs_f64()
-    );
+    let cp = ControlPlane::start(plane_options()).await?;
+    let workload = BenchWorkload::created(&opts.size, &cp.client()).await?;
     let mut next_pod = 0;
     let mut windows = Vec::new();
     for round in 1..=opts.repeat {
