@@ -102,9 +102,8 @@ fn round_order(round: u32) -> Vec<Lists> {
 struct Window {
     round: u32,
     lists: Lists,
-    /// Whole lists of every pod finished in the window.
-    listed: u32,
-    /// Seconds from a list's one-item probe to its last page's answer.
+    /// Seconds from a list's one-item probe to its last page's answer, one
+    /// entry per list of every pod finished in the window.
     list_s: Vec<f64>,
     plane_cpu_s: f64,
     response_bytes: f64,
@@ -221,7 +220,6 @@ async fn measure(
     Ok(Window {
         round,
         lists,
-        listed: list_s.len() as u32,
         list_s,
         plane_cpu_s: spend.apiserver_cpu_s + spend.etcd_cpu_s,
         response_bytes: spend.response_bytes,
@@ -250,7 +248,7 @@ async fn main() -> Result<()> {
             eprintln!(
                 "round {round} {:>8}: {} lists; kube-apiserver + etcd {:.2} CPU-s; {:.0} KiB of answers; writes p50 {:.1} ms, p99 {:.1} ms ({} answered, {} failed)",
                 lists.name(),
-                w.listed,
+                w.list_s.len(),
                 w.plane_cpu_s,
                 w.response_bytes / 1024.0,
                 p(&w.write_ms, 50.0),
@@ -279,10 +277,10 @@ async fn main() -> Result<()> {
         for lists in ORDER {
             let w = of(lists)?;
             let per_list = |total: f64, idle_per_s: f64, decimals: usize| {
-                if w.listed == 0 {
+                if w.list_s.is_empty() {
                     return "-".to_string();
                 }
-                let added = (total - idle_per_s * w.window_s) / f64::from(w.listed);
+                let added = (total - idle_per_s * w.window_s) / w.list_s.len() as f64;
                 format!("{added:.decimals$}")
             };
             let median = if w.list_s.is_empty() {
@@ -294,7 +292,7 @@ async fn main() -> Result<()> {
             println!(
                 "| {round} | {} | {} | {median} | {} | {kib} | {} | {:.1} | {:.1} |",
                 lists.name(),
-                w.listed,
+                w.list_s.len(),
                 per_list(w.plane_cpu_s, idle_cpu_per_s, 4),
                 w.write_ms.len(),
                 p(&w.write_ms, 50.0),
