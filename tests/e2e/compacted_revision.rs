@@ -1,6 +1,7 @@
 //! Finding watch-cache ghosts where kube-apiserver does not check its cache
 //! (`DetectCacheInconsistency=false`): what kube-apiserver serves, and
-//! endpoints-guard's compaction audit on it (docs/ghosts.md).
+//! endpoints-guard's compaction audit on it, on one kube-apiserver and on
+//! two behind a load balancer (docs/ghosts.md).
 //!
 //! kube-apiserver compacts etcd to the revision of its own previous
 //! compaction write (`compact_rev_key`, k8s.io/apiserver `etcd3/compact.go`),
@@ -121,8 +122,27 @@ fn churn(cp: &ControlPlane, name: &'static str, ip: &'static str) -> watch::Send
 /// its compaction audit reaches etcd, takes the ghost's address out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_list_at_the_compacted_revision_reads_etcd_while_the_cache_is_unchecked() -> Result<()> {
-    let options = ControlPlaneOptions::default()
-        .with_etcd_fault_proxy()
+    let options = ControlPlaneOptions::default().with_etcd_fault_proxy();
+    the_audit_takes_out_a_ghost(options).await
+}
+
+/// The same behind a load balancer: two kube-apiservers, the DELETE lost to
+/// both watch caches. endpoints-guard's connections (one per request in
+/// flight: its client speaks HTTP/1.1) reach either server, so the audit's
+/// probes and pages meet two caches that learn of each compaction at
+/// different moments (docs/ghosts.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn behind_a_load_balancer_the_audit_takes_out_a_ghost_both_caches_serve() -> Result<()> {
+    let options = ControlPlaneOptions {
+        apiservers: 2,
+        ..ControlPlaneOptions::default()
+    }
+    .with_etcd_fault_proxy_for_every_apiserver();
+    the_audit_takes_out_a_ghost(options).await
+}
+
+async fn the_audit_takes_out_a_ghost(options: ControlPlaneOptions) -> Result<()> {
+    let options = options
         .etcd_compaction_interval(COMPACTION)
         .apiserver_arg("--feature-gates=DetectCacheInconsistency=false");
     let cp = ControlPlane::start(options).await?;
@@ -157,7 +177,11 @@ async fn a_list_at_the_compacted_revision_reads_etcd_while_the_cache_is_unchecke
         )
         .await?;
     let stop_churn = churn(&cp, "b-0", "10.1.0.3");
-    let pods: Api<Pod> = Api::namespaced(cp.client(), NS);
+    // The judge reads the first kube-apiserver alone, so that the LISTs
+    // any other one answers are endpoints-guard's.
+    let apiservers = cp.apiserver_clients();
+    let judge = apiservers.first().cloned().context("no kube-apiserver")?;
+    let pods: Api<Pod> = Api::namespaced(judge, NS);
 
     cp.etcd_drop_events(&format!("/registry/pods/{NS}/a-1"), &["PUT", "DELETE"])
         .await?;
@@ -235,6 +259,23 @@ async fn a_list_at_the_compacted_revision_reads_etcd_while_the_cache_is_unchecke
         took.is_ok(),
         deleted.elapsed().as_secs_f64(),
     );
+    for (i, client) in apiservers.iter().enumerate() {
+        let request = http::Request::get("/metrics").body(Vec::new())?;
+        let text = client.request_text(request).await?;
+        eprintln!(
+            "kube-apiserver {}: {} LISTs of pods answered{}",
+            i + 1,
+            crate::common::metric_value(
+                &text,
+                "apiserver_request_total{resource=\"pods\",verb=\"LIST\"}"
+            ),
+            if i == 0 {
+                " (the judge's among them)"
+            } else {
+                ""
+            },
+        );
+    }
     took?;
     ensure!(suspects >= 1.0, "the audit counted no suspect");
     ensure!(

@@ -78,6 +78,10 @@ pub struct ControlPlaneOptions {
     /// can be dropped on their way to kube-apiserver's watch cache (see
     /// [`ControlPlane::etcd_drop_events`]).
     pub etcd_fault_proxy: bool,
+    /// With [`Self::etcd_fault_proxy`] and several kube-apiservers: every
+    /// one reaches etcd through the proxy, so a dropped event is lost to
+    /// every watch cache, not only the first one's.
+    pub etcd_fault_proxy_for_every_apiserver: bool,
     /// Where kube-apiserver listens and what it advertises: loopback, or
     /// (for a real node, see [`node`]) an address its pods can reach, which
     /// also turns on the lease endpoint reconciler and ServiceAccount
@@ -120,6 +124,7 @@ impl Default for ControlPlaneOptions {
             etcd_args: Vec::new(),
             startup_timeout: Duration::from_secs(90),
             etcd_fault_proxy: false,
+            etcd_fault_proxy_for_every_apiserver: false,
             bind_address: IpAddr::V4(Ipv4Addr::LOCALHOST),
             etcd_members: 1,
             apiservers: 1,
@@ -144,6 +149,14 @@ impl ControlPlaneOptions {
     /// Puts etcd-fault-proxy between kube-apiserver and etcd.
     pub fn with_etcd_fault_proxy(mut self) -> Self {
         self.etcd_fault_proxy = true;
+        self
+    }
+
+    /// Puts etcd-fault-proxy between etcd and every kube-apiserver (see
+    /// [`Self::etcd_fault_proxy_for_every_apiserver`]).
+    pub fn with_etcd_fault_proxy_for_every_apiserver(mut self) -> Self {
+        self.etcd_fault_proxy = true;
+        self.etcd_fault_proxy_for_every_apiserver = true;
         self
     }
 
@@ -188,6 +201,8 @@ pub struct ControlPlane {
     /// The kube-apiservers besides the first, and the load balancer in
     /// front of all of them.
     extra_apiservers: Vec<SecondApiserver>,
+    /// Their `--etcd-servers`: every member, or etcd-fault-proxy.
+    extra_apiserver_etcd_servers: String,
     balancer: Option<balancer::Balancer>,
     /// The first kube-apiserver's own client, once `client` goes through
     /// the load balancer.
@@ -282,13 +297,19 @@ impl ControlPlane {
             None
         };
         // Through etcd-fault-proxy (one member), or every member.
+        let every_member = etcd_members
+            .iter()
+            .map(etcd::Member::client_url)
+            .collect::<Vec<_>>()
+            .join(",");
         let etcd_servers = match &etcd_proxy {
             Some(proxy) => format!("http://127.0.0.1:{}", proxy.listen_port),
-            None => etcd_members
-                .iter()
-                .map(etcd::Member::client_url)
-                .collect::<Vec<_>>()
-                .join(","),
+            None => every_member.clone(),
+        };
+        let extra_apiserver_etcd_servers = if options.etcd_fault_proxy_for_every_apiserver {
+            etcd_servers.clone()
+        } else {
+            every_member
         };
 
         let secure_port = free_port()?;
@@ -319,6 +340,7 @@ impl ControlPlane {
             etcd_members,
             etcd_others,
             extra_apiservers: Vec::new(),
+            extra_apiserver_etcd_servers,
             balancer: None,
             direct_client: None,
             apiserver_args: apiserver_args(&options, &pki, secure_port, &etcd_servers),
@@ -628,19 +650,13 @@ impl ControlPlane {
     }
 
     /// Starts a second kube-apiserver on the same etcd, straight to it (not
-    /// through etcd-fault-proxy, when the first goes through it), and waits
-    /// until it is ready: what production runs, several API servers each
-    /// with its own watch cache. It stops when the result is dropped.
+    /// through etcd-fault-proxy, when the first goes through it, unless
+    /// [`ControlPlaneOptions::etcd_fault_proxy_for_every_apiserver`]), and
+    /// waits until it is ready: what production runs, several API servers
+    /// each with its own watch cache. It stops when the result is dropped.
     pub async fn start_second_apiserver(&self) -> Result<SecondApiserver> {
         let port = free_port()?;
-        let etcd = format!(
-            "--etcd-servers={}",
-            self.etcd_members
-                .iter()
-                .map(etcd::Member::client_url)
-                .collect::<Vec<_>>()
-                .join(",")
-        );
+        let etcd = format!("--etcd-servers={}", self.extra_apiserver_etcd_servers);
         let mut args: Vec<String> = self
             .apiserver_args
             .iter()
