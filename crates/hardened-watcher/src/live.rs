@@ -278,11 +278,7 @@ where
         }),
     );
     let (content_type, body) = send(client, req).await?;
-    // Hundreds of objects a page, read in one go: on a blocking thread the
-    // runtime's own threads go on handling watch events and writes meanwhile.
-    tokio::task::spawn_blocking(move || decode_meta_page(content_type.as_deref(), &body))
-        .await
-        .map_err(|err| decode_error(format!("decoding a LIST page: {err}")))?
+    decode_meta_page(content_type.as_deref(), &body)
 }
 
 /// Reads a metadata LIST answer in the format its Content-Type names.
