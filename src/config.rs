@@ -197,15 +197,25 @@ pub struct Config {
     pub ghost_scan_period: Duration,
 
     /// How often to ask whether etcd was compacted since the last audit (one
-    /// one-item LIST per resource). After each compaction, the metadata of
-    /// pods and Services is listed once at the compaction revision, which
-    /// kube-apiserver serves from etcd, and what the ghost scan would read
-    /// is compared with it: a ghost is found within about two compaction
-    /// intervals (kube-apiserver's --etcd-compaction-interval, 5 minutes by
-    /// default) plus this, whether or not kube-apiserver checks its watch
-    /// cache (docs/ghosts.md). 0 turns the audit off.
+    /// one-item LIST per resource). After each compaction, etcd's count of
+    /// pods and of Services at the compaction revision (kube-apiserver
+    /// serves a LIST there from etcd) is set against the cache's count at
+    /// that revision; when they differ, the metadata of every one is listed
+    /// there and what the ghost scan would read is compared with it: a
+    /// ghost is found within about two compaction intervals
+    /// (kube-apiserver's --etcd-compaction-interval, 5 minutes by default)
+    /// plus this, whether or not kube-apiserver checks its watch cache
+    /// (docs/ghosts.md). 0 turns the audit off.
     #[arg(long, env = "EG_COMPACTION_AUDIT_INTERVAL", default_value = "1m", value_parser = parse_duration)]
     pub compaction_audit_interval: Duration,
+
+    /// Every how many compaction revisions the audit lists pods and
+    /// Services in full even when the counts agree: what a lost update, or
+    /// a lost creation and a lost deletion that cancel out, waits for
+    /// (6: about 30 minutes at kube-apiserver's default compaction). 1 lists
+    /// at every compaction revision.
+    #[arg(long, env = "EG_COMPACTION_AUDIT_FULL_EVERY", default_value_t = 6, value_parser = clap::value_parser!(u32).range(1..))]
+    pub compaction_audit_full_every: u32,
 
     /// Client-side limit of requests a second to the API server (as
     /// kube-controller-manager's flag of the same name); 0, the default: no

@@ -241,6 +241,7 @@ pub async fn start(
             ghost_scan::CompactionAudit {
                 every: cfg.compaction_audit_interval,
                 page_size: cfg.list_page_size,
+                full_every: cfg.compaction_audit_full_every,
             },
             shutdown_main.clone(),
         ));

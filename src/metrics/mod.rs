@@ -68,6 +68,9 @@ pub const SCANNED: &[&str] = &["pods", "services"];
 pub enum AuditResult {
     /// etcd was not compacted since the last list.
     Unchanged,
+    /// etcd's count at a new compaction revision agreed with the cache's:
+    /// not listed.
+    Counted,
     /// Listed at a new compaction revision.
     Listed,
     /// A request failed, or the revisions are not numbers; tried again next
@@ -76,8 +79,9 @@ pub enum AuditResult {
 }
 
 impl AuditResult {
-    pub const ALL: [AuditResult; 3] = [
+    pub const ALL: [AuditResult; 4] = [
         AuditResult::Unchanged,
+        AuditResult::Counted,
         AuditResult::Listed,
         AuditResult::Failed,
     ];
@@ -85,6 +89,7 @@ impl AuditResult {
     pub fn metric_label(self) -> &'static str {
         match self {
             AuditResult::Unchanged => "unchanged",
+            AuditResult::Counted => "counted",
             AuditResult::Listed => "listed",
             AuditResult::Failed => "failed",
         }
@@ -451,7 +456,7 @@ impl Metrics {
             compaction_audits: IntCounterVec::new(
                 opts(
                     "compaction_audits_total",
-                    "Compaction audits, by resource and result: unchanged (etcd not compacted since the last), listed (listed at the new compaction revision, read from etcd), failed.",
+                    "Compaction audits, by resource and result: unchanged (etcd not compacted since the last), counted (etcd's count at the new compaction revision agreed with the cache's: not listed), listed (listed at the new compaction revision, read from etcd), failed.",
                 ),
                 &["resource", "result"],
             )?,

@@ -189,7 +189,10 @@ fn every_fixed_label_value_is_exported() {
         ("ghosts_found_total", every(&[RESOURCES])),
         (
             "compaction_audits_total",
-            every(&[&["pods", "services"], &["failed", "listed", "unchanged"]]),
+            every(&[
+                &["pods", "services"],
+                &["counted", "failed", "listed", "unchanged"],
+            ]),
         ),
         (
             "compaction_audit_suspects_total",

@@ -156,6 +156,10 @@ async fn the_audit_takes_out_a_ghost(options: ControlPlaneOptions) -> Result<()>
             "0",
             "--compaction-audit-interval",
             "10s",
+            // Never a full list for its turn: only a count that differs
+            // lists.
+            "--compaction-audit-full-every",
+            "1000",
             // Every list in pages of one object: the audit's pages after
             // the first carry only their continue token.
             "--list-page-size",
@@ -177,6 +181,23 @@ async fn the_audit_takes_out_a_ghost(options: ControlPlaneOptions) -> Result<()>
         )
         .await?;
     let stop_churn = churn(&cp, "b-0", "10.1.0.3");
+    // A compaction revision before the ghost: etcd's count there agrees
+    // with the cache's, and nothing is listed.
+    let counted = "endpoints_guard_compaction_audits_total{resource=\"pods\",result=\"counted\"}";
+    let started = Instant::now();
+    while guard.metric(counted) < 1.0 {
+        ensure!(
+            started.elapsed() < TIMEOUT,
+            "no compaction revision was counted within {TIMEOUT:?}"
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    let listed = "endpoints_guard_compaction_audits_total{resource=\"pods\",result=\"listed\"}";
+    let listed_before = guard.metric(listed);
+    eprintln!(
+        "{:.0}s after the start a compaction revision was counted, not listed; {listed_before} listed before",
+        started.elapsed().as_secs_f64()
+    );
     // The judge reads the first kube-apiserver alone, so that the LISTs
     // any other one answers are endpoints-guard's.
     let apiservers = cp.apiserver_clients();
@@ -246,11 +267,11 @@ async fn the_audit_takes_out_a_ghost(options: ControlPlaneOptions) -> Result<()>
         guard.metric("endpoints_guard_compaction_audit_suspects_total{resource=\"pods\"}");
     eprintln!(
         "the LIST at the compacted revision left out the ghost {:.0}s after the delete; \
-         endpoints-guard's audits: {} listed, {} unchanged, {} failed, {suspects} suspects; \
+         endpoints-guard's audits: {} counted, {} listed, {} unchanged, {} failed, {suspects} suspects; \
          the address removed: {} ({:.0}s after the delete)",
         listed_without.as_secs_f64(),
-        guard
-            .metric("endpoints_guard_compaction_audits_total{resource=\"pods\",result=\"listed\"}"),
+        guard.metric(counted),
+        guard.metric(listed),
         guard.metric(
             "endpoints_guard_compaction_audits_total{resource=\"pods\",result=\"unchanged\"}"
         ),
@@ -278,6 +299,10 @@ async fn the_audit_takes_out_a_ghost(options: ControlPlaneOptions) -> Result<()>
     }
     took?;
     ensure!(suspects >= 1.0, "the audit counted no suspect");
+    ensure!(
+        guard.metric(listed) > listed_before,
+        "no count differed: the ghost was not listed for"
+    );
     ensure!(
         guard.metric("endpoints_guard_compaction_audits_total{result=\"failed\"}") == 0.0,
         "an audit failed"

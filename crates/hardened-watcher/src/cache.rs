@@ -19,6 +19,7 @@ use std::cmp::Ordering;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
+use super::count_journal::CountJournal;
 use super::index::LabelIndex;
 use super::rv::{ResumePoint, compare_rv};
 
@@ -89,6 +90,8 @@ pub struct Cache<T: Cached> {
     /// Items of the last complete list that could not be decoded or
     /// projected: in the store, never in the cache.
     pub(super) skipped: usize,
+    /// The count at each revision passed, for [`Cache::count_at`].
+    pub(super) counts: CountJournal,
 }
 
 impl<T: Cached> Default for Cache<T> {
@@ -104,6 +107,7 @@ impl<T: Cached> Default for Cache<T> {
             drift: PendingDrift::default(),
             tick: 0,
             skipped: 0,
+            counts: CountJournal::default(),
         }
     }
 }
@@ -169,6 +173,21 @@ impl<T: Cached> Cache<T> {
 
     /// Applies one ADDED / MODIFIED / DELETED watch event through the guard.
     pub(crate) fn apply_event(&mut self, ev: WatchEventKind, obj: T) -> Outcome<T> {
+        let outcome = self.apply_event_guarded(ev, obj);
+        self.note_count();
+        outcome
+    }
+
+    /// Records the count held at the revision reached (see
+    /// [`Cache::count_at`]); called once the cache stands at one revision
+    /// again: after an event, a finished list, a repair.
+    pub(super) fn note_count(&mut self) {
+        let revision = self.highest.get().and_then(|rv| rv.parse().ok());
+        let count = (self.live.len() + self.skipped) as u64;
+        self.counts.record(revision, count);
+    }
+
+    fn apply_event_guarded(&mut self, ev: WatchEventKind, obj: T) -> Outcome<T> {
         self.highest.observe(obj.resource_version());
         let key = obj.key();
         self.explain_drift(&key, obj.resource_version());
@@ -409,6 +428,18 @@ impl<T: Cached> Cache<T> {
     /// to be counted as drift or watch lag. A count check cannot.
     pub fn awaits_a_list(&self) -> bool {
         !self.tombstones.is_empty() || !self.drift.keys.is_empty()
+    }
+
+    /// How many objects the store held at `revision` as far as the cache
+    /// learned it (its objects and those its last list could not decode),
+    /// for a comparison with the store's own count there (the
+    /// `remainingItemCount` of a one-item LIST at exactly `revision`). A
+    /// watch that lost a creation or a deletion at or below `revision` makes
+    /// the two differ. `None` when the cache has not reached `revision`, or
+    /// has started over or been rewound since.
+    pub fn count_at(&self, revision: u64) -> Option<u64> {
+        let reached = self.highest.get().and_then(|rv| rv.parse().ok());
+        self.counts.at(revision, reached)
     }
 
     /// Highest RV the store is known to have reached.

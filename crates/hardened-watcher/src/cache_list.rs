@@ -60,6 +60,7 @@ impl<T: Cached> Cache<T> {
         self.confirmed.clear();
         self.drift = Default::default();
         self.list_rv = None;
+        self.counts.clear();
         self.highest = ResumePoint::at(list_rv);
     }
 
@@ -234,6 +235,7 @@ impl<T: Cached> Cache<T> {
         };
         self.list_rv = Some(newest);
         self.highest.observe(list_rv);
+        self.note_count();
     }
 
     /// Settles a [`Dispute`] with what a read that reaches etcd found

@@ -75,6 +75,12 @@ impl<T: Cached> Cache<T> {
     /// the read). A read older than what the cache knew before it was sent is
     /// still taken, and flagged: see [`Restored::rewind_suspected`].
     pub(crate) fn restore(&mut self, obj: T, stamp: &ReadStamp) -> Restored<T> {
+        let restored = self.restore_guarded(obj, stamp);
+        self.note_count();
+        restored
+    }
+
+    fn restore_guarded(&mut self, obj: T, stamp: &ReadStamp) -> Restored<T> {
         self.highest.observe(obj.resource_version());
         let key = obj.key();
         let older_than = |cache: &mut Self, known: &str| {
@@ -130,6 +136,7 @@ impl<T: Cached> Cache<T> {
             return None;
         }
         self.drop_live(key);
+        self.note_count();
         self.tombstones.remove(key);
         let horizon = cur.resource_version().to_owned();
         self.remember_gone(key.clone(), uid, &horizon, Confirmation::LiveRead);

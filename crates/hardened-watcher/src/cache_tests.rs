@@ -284,3 +284,45 @@ fn highest_rv_tracks_objects_lists_and_bookmarks() {
     assert_eq!(cache.highest_rv(), Some("190"));
     assert_eq!(cache.list_rv(), Some("150"));
 }
+
+#[test]
+fn the_count_at_a_revision_follows_creations_and_deletions_not_updates() {
+    let mut cache = cache_with(vec![obj("a", "ua", "100"), obj("b", "ub", "100")], "100");
+    cache.apply_event(Added, obj("c", "uc", "110"));
+    cache.apply_event(Modified, obj("a", "ua", "115"));
+    cache.apply_event(Deleted, obj("b", "ub", "120"));
+    // A replayed DELETE changes nothing.
+    cache.apply_event(Deleted, obj("b", "ub", "120"));
+    assert_eq!(cache.count_at(99), None, "before the list");
+    assert_eq!(cache.count_at(100), Some(2));
+    assert_eq!(cache.count_at(112), Some(3));
+    assert_eq!(cache.count_at(120), Some(2));
+    assert_eq!(cache.count_at(121), None, "not reached yet");
+    cache.apply_event(Modified, obj("a", "ua", "130"));
+    assert_eq!(cache.count_at(125), Some(2));
+}
+
+#[test]
+fn a_ghost_counts_until_it_is_evicted_and_a_rewind_forgets_the_counts() {
+    let mut cache = cache_with(vec![obj("a", "ua", "100"), obj("g", "ug", "90")], "100");
+    cache.apply_event(Modified, obj("a", "ua", "140"));
+    // etcd deleted g at 110; the watch never said so: every count from the
+    // list on holds it, and a count at 120 in etcd would be one lower.
+    assert_eq!(cache.count_at(120), Some(2));
+    cache.evict_ghost(&key("g"), "ug");
+    assert_eq!(cache.count_at(120), Some(2), "evicted at 140, not before");
+    assert_eq!(cache.count_at(140), Some(1));
+    // etcd restored from a backup taken at 50: a list there starts over.
+    crate::testkit::list_in(
+        &mut cache,
+        items(&[obj("a", "ua", "40")]),
+        "50",
+        ListMode::Recover,
+    );
+    assert_eq!(
+        cache.count_at(120),
+        None,
+        "history after the rewind is gone"
+    );
+    assert_eq!(cache.count_at(50), Some(1));
+}

@@ -60,17 +60,27 @@ impl CountCheck {
 /// not count them (it does not with a label or field selector).
 pub(crate) fn listed_count(body: &str) -> Result<Option<u64>, serde_json::Error> {
     let list = RawList::parse(body)?;
-    let items = list.items().len() as u64;
     let more = list
         .metadata
         .continue_
         .as_deref()
         .is_some_and(|token| !token.is_empty());
-    Ok(match list.metadata.remaining_item_count {
+    Ok(page_count(
+        list.items().len(),
+        more,
+        list.metadata.remaining_item_count,
+    ))
+}
+
+/// The store's count from a first page: its `items`, whether `more` pages
+/// follow, and the `remaining` items the server counted in them.
+pub(crate) fn page_count(items: usize, more: bool, remaining: Option<i64>) -> Option<u64> {
+    let items = items as u64;
+    match remaining {
         Some(remaining) => Some(items + u64::try_from(remaining).unwrap_or(0)),
         None if more => None,
         None => Some(items),
-    })
+    }
 }
 
 /// Compares `cached` objects with the answer of the list at `rv`.

@@ -9,6 +9,7 @@ mod core;
 mod core_beside;
 mod core_events;
 mod count;
+mod count_journal;
 mod decode;
 mod driver;
 mod error;

@@ -250,6 +250,9 @@ pub struct Page<T> {
     pub resource_version: String,
     /// The continue token; `None` on the last page.
     pub continue_token: Option<String>,
+    /// How many items the pages after this one hold, when the server
+    /// counted them (it does not with a selector).
+    pub remaining_item_count: Option<i64>,
 }
 
 /// The request for one LIST page, whichever format it asks for.
@@ -422,6 +425,7 @@ where
         items,
         resource_version: list.metadata.resource_version.unwrap_or_default(),
         continue_token: list.metadata.continue_,
+        remaining_item_count: list.metadata.remaining_item_count,
     })
 }
 

@@ -19,6 +19,7 @@ use kube::core::params::GetParams;
 use kube::core::{ObjectList, Request};
 use serde::de::DeserializeOwned;
 
+use super::count::page_count;
 use super::decode::{Listed, RawList, RawMeta};
 use super::list::{PageAt, decode_error, page_request, send};
 use super::object::LiveRead;
@@ -257,6 +258,44 @@ pub async fn list_page_as<K>(
 where
     K: kube::Resource,
 {
+    let (page, _count) =
+        fetch_page_as::<K>(client, dyntype, limit, from, shape, request_label).await?;
+    Ok(page)
+}
+
+/// How many `K` the store held at exactly `rv` (items and
+/// `remainingItemCount` of a one-item metadata LIST there): etcd's count
+/// when no snapshot of the watch cache covers `rv`, as below its
+/// compaction revision's successors (see [`PageFrom::Exactly`]). `None`
+/// when the server did not count. A 410 is returned as the error it is.
+pub async fn count_at<K>(
+    client: &kube::Client,
+    dyntype: &K::DynamicType,
+    rv: &str,
+    request_label: &'static str,
+) -> Result<Option<u64>, kube::Error>
+where
+    K: kube::Resource,
+{
+    let shape = ListShape::Metadata;
+    let from = PageFrom::Exactly(rv);
+    let (_page, count) = fetch_page_as::<K>(client, dyntype, 1, from, shape, request_label).await?;
+    Ok(count)
+}
+
+/// One page as [`list_page_as`] reads it, with the store's count when the
+/// page is a first one that says it.
+async fn fetch_page_as<K>(
+    client: &kube::Client,
+    dyntype: &K::DynamicType,
+    limit: u32,
+    from: PageFrom<'_>,
+    shape: ListShape,
+    request_label: &'static str,
+) -> Result<(MetaPage, Option<u64>), kube::Error>
+where
+    K: kube::Resource,
+{
     let (exact_rv, continue_token) = match from {
         PageFrom::Current => (None, None),
         PageFrom::Exactly(rv) => (Some(rv), None),
@@ -281,14 +320,20 @@ where
     decode_meta_page(content_type.as_deref(), &body)
 }
 
-/// Reads a metadata LIST answer in the format its Content-Type names.
-fn decode_meta_page(content_type: Option<&str>, body: &[u8]) -> Result<MetaPage, kube::Error> {
+/// Reads a metadata LIST answer in the format its Content-Type names, and
+/// the store's count if the answer gives it.
+fn decode_meta_page(
+    content_type: Option<&str>,
+    body: &[u8],
+) -> Result<(MetaPage, Option<u64>), kube::Error> {
     let mut page = MetaPage::default();
+    let remaining;
     let metas = if protobuf::is_protobuf(content_type) {
         page.protobuf = true;
         let list = protobuf::decode_list(body, meta_message, &Some).map_err(decode_error)?;
         page.resource_version = list.resource_version;
         page.continue_token = list.continue_token;
+        remaining = list.remaining_item_count;
         list.items
     } else {
         let text = std::str::from_utf8(body)
@@ -301,8 +346,10 @@ fn decode_meta_page(content_type: Option<&str>, body: &[u8]) -> Result<MetaPage,
             .collect();
         page.resource_version = list.metadata.resource_version.unwrap_or_default();
         page.continue_token = list.metadata.continue_.filter(|t| !t.is_empty());
+        remaining = list.metadata.remaining_item_count;
         metas
     };
+    let count = page_count(metas.len(), page.continue_token.is_some(), remaining);
     for listed in metas {
         match listed {
             Listed::Item(meta) => page.items.push((
@@ -315,7 +362,7 @@ fn decode_meta_page(content_type: Option<&str>, body: &[u8]) -> Result<MetaPage,
             Listed::Unknown(_) => page.unreadable += 1,
         }
     }
-    Ok(page)
+    Ok((page, count))
 }
 
 /// A `PartialObjectMetadata` message (its ObjectMeta is field 1, as every
@@ -446,7 +493,7 @@ mod tests {
 
     #[test]
     fn a_protobuf_metadata_page_is_read_to_keys_uids_and_versions() {
-        use crate::protobuf::encode::{list, meta};
+        use crate::protobuf::encode::{counted_list, list, meta};
         let nameless = meta("", "ns", "u0", "7");
         let body = list(
             "PartialObjectMetadataList",
@@ -460,10 +507,20 @@ mod tests {
         );
         let content_type =
             "application/vnd.kubernetes.protobuf;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1";
-        let page = match decode_meta_page(Some(content_type), &body) {
-            Ok(page) => page,
+        let (page, count) = match decode_meta_page(Some(content_type), &body) {
+            Ok(read) => read,
             Err(err) => panic!("decode: {err}"),
         };
+        assert_eq!(count, None, "more pages, none counted");
+        let counted = counted_list(
+            "PartialObjectMetadataList",
+            Vec::new(),
+            "9",
+            "next",
+            Some(5),
+        );
+        let count = decode_meta_page(Some(content_type), &counted).map(|(_, count)| count);
+        assert!(matches!(count, Ok(Some(5))), "{count:?}");
         let want = MetaPage {
             items: vec![
                 (ObjectKey::new("ns", "a"), meta_of("u1", "5")),
@@ -477,8 +534,9 @@ mod tests {
         assert_eq!(page, want);
         // The last page carries an empty token on this wire.
         let last = list("PartialObjectMetadataList", Vec::new(), "9", "");
-        let page = decode_meta_page(Some(content_type), &last).map(|p| p.continue_token);
-        assert!(matches!(page, Ok(None)), "{page:?}");
+        let page =
+            decode_meta_page(Some(content_type), &last).map(|(p, count)| (p.continue_token, count));
+        assert!(matches!(page, Ok((None, Some(0)))), "{page:?}");
         let not_a_list = crate::protobuf::encode::envelope("Pod", meta("a", "ns", "u1", "5"));
         assert!(decode_meta_page(Some(content_type), &not_a_list).is_err());
     }
@@ -487,7 +545,7 @@ mod tests {
     fn a_json_metadata_page_or_a_whole_object_list_is_read_the_same() {
         let partial = serde_json::json!({
             "kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1",
-            "metadata": {"resourceVersion": "9", "continue": "next"},
+            "metadata": {"resourceVersion": "9", "continue": "next", "remainingItemCount": 40},
             "items": [
                 {"metadata": {"name": "a", "namespace": "ns", "uid": "u1", "resourceVersion": "5",
                               "managedFields": [{"manager": "m", "fieldsV1": {"f:spec": {}}}]}},
@@ -504,10 +562,15 @@ mod tests {
             Some("application/json"),
             body.to_string().as_bytes(),
         ) {
-            Ok(page) => page,
+            Ok(read) => read,
             Err(err) => panic!("decode: {err}"),
         };
-        let page = read(&partial);
+        let (page, count) = read(&partial);
+        assert_eq!(
+            count,
+            Some(42),
+            "both items, the unreadable one too, and 40 more"
+        );
         assert_eq!(
             page.items,
             vec![(ObjectKey::new("ns", "a"), meta_of("u1", "5"))]
@@ -515,7 +578,8 @@ mod tests {
         assert_eq!(page.unreadable, 1);
         assert_eq!(page.continue_token.as_deref(), Some("next"));
         assert!(!page.protobuf);
-        let page = read(&whole);
+        let (page, count) = read(&whole);
+        assert_eq!(count, Some(1));
         assert_eq!(
             page.items,
             vec![(ObjectKey::new("ns", "a"), meta_of("u1", "5"))]

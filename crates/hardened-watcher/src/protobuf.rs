@@ -85,6 +85,8 @@ struct ListMeta {
     resource_version: Option<String>,
     #[prost(string, optional, tag = "3")]
     continue_: Option<String>,
+    #[prost(int64, optional, tag = "4")]
+    remaining_item_count: Option<i64>,
 }
 
 /// Any object, reduced to the metadata [`RawMeta`] reads: every kind has
@@ -220,6 +222,7 @@ pub fn decode_list<K, T>(
         resource_version: metadata.resource_version.unwrap_or_default(),
         // Always on the wire, "" on the last page, which JSON omits.
         continue_token: metadata.continue_.filter(|c| !c.is_empty()),
+        remaining_item_count: metadata.remaining_item_count,
     })
 }
 
@@ -336,10 +339,22 @@ pub(crate) mod encode {
 
     /// An enveloped list of `items` (object messages).
     pub fn list(kind: &str, items: Vec<Vec<u8>>, rv: &str, continue_token: &str) -> Vec<u8> {
+        counted_list(kind, items, rv, continue_token, None)
+    }
+
+    /// [`list`] that says how many items the pages after it hold.
+    pub fn counted_list(
+        kind: &str,
+        items: Vec<Vec<u8>>,
+        rv: &str,
+        continue_token: &str,
+        remaining_item_count: Option<i64>,
+    ) -> Vec<u8> {
         let list = List {
             metadata: Some(ListMeta {
                 resource_version: Some(rv.to_owned()),
                 continue_: Some(continue_token.to_owned()),
+                remaining_item_count,
             }),
             items,
         };

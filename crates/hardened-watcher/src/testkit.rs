@@ -166,6 +166,7 @@ pub fn page(items: Vec<Obj>, token: Option<&str>, list_rv: &str) -> Page<Obj> {
         items: items.into_iter().map(Listed::Item).collect(),
         resource_version: list_rv.to_owned(),
         continue_token: token.map(str::to_owned),
+        remaining_item_count: None,
     }
 }
 

@@ -13,7 +13,14 @@
 //! revision is found by bisection with one-item LISTs, and, once known, one
 //! one-item LIST at it a period tells whether etcd was compacted since.
 //!
-//! When it was, the objects' metadata at the new revision is listed (pages of
+//! When it was, etcd's count of the objects at the new revision (one
+//! one-item LIST there) is set against the count the cache held at that
+//! revision (`Cache::count_at`): a DELETE or a creation the watch lost
+//! before it makes them differ. While they agree, only every
+//! `--compaction-audit-full-every`th revision is listed in full, which is
+//! what a lost update, or a lost creation and a lost deletion that cancel
+//! out, waits for. Otherwise the objects' metadata at the new revision is
+//! listed (pages of
 //! `--list-page-size`, `PartialObjectMetadataList` in protobuf), and every
 //! scan target whose cached state is at or below that revision is compared
 //! with it: one the list lacks, or holds as another
@@ -44,15 +51,21 @@ pub struct CompactionAudit {
     /// Items per page of the list at a compaction revision
     /// (`--list-page-size`).
     pub page_size: u32,
+    /// Every how many compaction revisions a kind is listed in full even
+    /// when the counts agree (`--compaction-audit-full-every`; 1: at each).
+    pub full_every: u32,
 }
 
 /// When the audit runs and what it found last, per kind.
 pub(super) struct Audit {
     every: Duration,
     page_size: u32,
+    full_every: u32,
     next: Instant,
-    /// The compaction revision each kind was last listed at.
+    /// The compaction revision each kind was last audited at.
     listed_at: HashMap<Kind, u64>,
+    /// Revisions each kind was counted at since it was last listed in full.
+    counted_since_full: HashMap<Kind, u32>,
     /// The kinds whose last audit failed: a failure is logged when it
     /// starts, and again when it ends.
     failing: HashSet<Kind>,
@@ -61,12 +74,18 @@ pub(super) struct Audit {
 impl Audit {
     /// Off when `config.every` is zero.
     pub(super) fn new(config: CompactionAudit) -> Option<Self> {
-        let CompactionAudit { every, page_size } = config;
+        let CompactionAudit {
+            every,
+            page_size,
+            full_every,
+        } = config;
         (!every.is_zero()).then(|| Self {
             every,
             page_size: page_size.max(1),
+            full_every: full_every.max(1),
             next: Instant::now() + every,
             listed_at: HashMap::new(),
+            counted_since_full: HashMap::new(),
             failing: HashSet::new(),
         })
     }
@@ -92,12 +111,24 @@ impl Audit {
         let mut listings = Vec::new();
         for kind in [Kind::Pod, Kind::Service] {
             let last = self.listed_at.get(&kind).copied();
-            let result = per_kind!(kind, listing(ctx, last, self.page_size).await);
+            let counted = self.counted_since_full.get(&kind).copied().unwrap_or(0);
+            let may_count = counted + 1 < self.full_every;
+            let result = per_kind!(kind, listing(ctx, last, self.page_size, may_count).await);
             let resource = kind.resource();
             let label = match result {
-                Ok(None) => AuditResult::Unchanged,
-                Ok(Some(listing)) => {
+                Ok(Audited::Unchanged) => AuditResult::Unchanged,
+                Ok(Audited::Counted { revision, count }) => {
+                    debug!(
+                        resource,
+                        revision, count, "compaction audit: etcd's count agrees with the cache's"
+                    );
+                    self.listed_at.insert(kind, revision);
+                    self.counted_since_full.insert(kind, counted + 1);
+                    AuditResult::Counted
+                }
+                Ok(Audited::Listed(listing)) => {
                     self.listed_at.insert(kind, listing.revision);
+                    self.counted_since_full.insert(kind, 0);
                     for _ in 0..listing.unreadable {
                         ctx.metrics.undecodable(resource);
                     }
@@ -144,6 +175,17 @@ impl Audit {
         }
         reads
     }
+}
+
+/// What one kind's audit did.
+enum Audited {
+    /// etcd was not compacted since the last audit.
+    Unchanged,
+    /// etcd held as many objects at the new compaction revision as the
+    /// cache did: not listed.
+    Counted { revision: u64, count: u64 },
+    /// Listed in full at the new compaction revision.
+    Listed(Listing),
 }
 
 /// The objects' metadata at a compaction revision.
@@ -208,17 +250,19 @@ async fn list_meta<K: kinds::Kind>(
     }
 }
 
-/// The listing at the compaction revision when it moved past `last`;
-/// `None` when it did not.
+/// The audit at the compaction revision when it moved past `last`: the
+/// counts compared when `may_count`, the listing when they differ or may
+/// not be compared.
 async fn listing<K: kinds::Kind>(
     ctx: &Context,
     last: Option<u64>,
     page_size: u32,
-) -> Result<Option<Listing>, AuditError> {
+    may_count: bool,
+) -> Result<Audited, AuditError> {
     if let Some(last) = last
         && let Exact::Page(_) = list_meta::<K>(ctx, 1, PageFrom::Exactly(&last.to_string())).await?
     {
-        return Ok(None);
+        return Ok(Audited::Unchanged);
     }
     let Exact::Page(now) = list_meta::<K>(ctx, 1, PageFrom::Current).await? else {
         return Err(AuditError::NothingServed(0));
@@ -226,10 +270,37 @@ async fn listing<K: kinds::Kind>(
     let newest = revision(&now.resource_version)?;
     let revision = compaction_revision::<K>(ctx, last.unwrap_or(0), newest).await?;
     if last == Some(revision) {
-        return Ok(None);
+        return Ok(Audited::Unchanged);
     }
-    let (mut objects, mut unreadable) = (HashMap::new(), 0);
     let at = revision.to_string();
+    if may_count {
+        let listed = match live::count_at::<K::Object>(&ctx.client, &(), &at, "compaction_audit")
+            .await
+        {
+            Ok(listed) => listed,
+            // Compacted again meanwhile: the next period audits the new one.
+            Err(kube::Error::Api(status)) if status.code == 410 => return Ok(Audited::Unchanged),
+            Err(err) => return Err(err.into()),
+        };
+        let cached = K::store(&ctx.stores).with_cache(|cache| cache.count_at(revision));
+        if let (Some(listed), Some(cached)) = (listed, cached)
+            && listed == cached
+        {
+            return Ok(Audited::Counted {
+                revision,
+                count: listed,
+            });
+        }
+        debug!(
+            resource = K::RESOURCE,
+            revision,
+            ?listed,
+            ?cached,
+            "compaction audit: counts differ or are unknown; listing"
+        );
+    }
+    let mut objects = HashMap::new();
+    let mut unreadable = 0;
     let mut token: Option<String> = None;
     loop {
         let from = token
@@ -238,7 +309,7 @@ async fn listing<K: kinds::Kind>(
         let page = match list_meta::<K>(ctx, page_size, from).await? {
             Exact::Page(page) => page,
             // Compacted again meanwhile: the next period lists the new one.
-            Exact::Compacted => return Ok(None),
+            Exact::Compacted => return Ok(Audited::Unchanged),
         };
         for (key, meta) in page.items {
             objects.insert(key, (meta.uid, meta.resource_version));
@@ -249,7 +320,7 @@ async fn listing<K: kinds::Kind>(
             break;
         }
     }
-    Ok(Some(Listing {
+    Ok(Audited::Listed(Listing {
         revision,
         objects,
         unreadable,

@@ -137,11 +137,16 @@ struct Window {
 }
 
 async fn measure(cp: &ControlPlane, opts: &Options, config: &Config, round: u32) -> Result<Window> {
-    let args = vec![
+    let mut args = vec![
         format!("--ghost-scan-qps={}", config.scan_qps),
         format!("--compaction-audit-interval={}", config.audit_every),
         "--resync-interval=90s".to_string(),
     ];
+    if !config.baseline {
+        // Every compaction revision listed in full, whatever the counts
+        // say: what one listing costs is what this tool measures.
+        args.push("--compaction-audit-full-every=1".to_string());
+    }
     let binary = match (&opts.baseline, config.baseline) {
         (Some(baseline), true) => baseline,
         _ => &opts.binary,
