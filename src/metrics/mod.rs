@@ -71,6 +71,9 @@ pub enum AuditResult {
     /// etcd's count at a new compaction revision agreed with the cache's:
     /// not listed.
     Counted,
+    /// The cache's count at a new compaction revision was not known (it
+    /// started after it): not listed; the next revision's counts decide.
+    Deferred,
     /// Listed at a new compaction revision.
     Listed,
     /// A request failed, or the revisions are not numbers; tried again next
@@ -79,9 +82,10 @@ pub enum AuditResult {
 }
 
 impl AuditResult {
-    pub const ALL: [AuditResult; 4] = [
+    pub const ALL: [AuditResult; 5] = [
         AuditResult::Unchanged,
         AuditResult::Counted,
+        AuditResult::Deferred,
         AuditResult::Listed,
         AuditResult::Failed,
     ];
@@ -90,6 +94,7 @@ impl AuditResult {
         match self {
             AuditResult::Unchanged => "unchanged",
             AuditResult::Counted => "counted",
+            AuditResult::Deferred => "deferred",
             AuditResult::Listed => "listed",
             AuditResult::Failed => "failed",
         }
@@ -456,7 +461,7 @@ impl Metrics {
             compaction_audits: IntCounterVec::new(
                 opts(
                     "compaction_audits_total",
-                    "Compaction audits, by resource and result: unchanged (etcd not compacted since the last), counted (etcd's count at the new compaction revision agreed with the cache's: not listed), listed (listed at the new compaction revision, read from etcd), failed.",
+                    "Compaction audits, by resource and result: unchanged (etcd not compacted since the last), counted (etcd's count at the new compaction revision agreed with the cache's: not listed), deferred (the cache's count there was not known, as it started after it: not listed, the next revision decides), listed (listed at the new compaction revision, read from etcd), failed.",
                 ),
                 &["resource", "result"],
             )?,

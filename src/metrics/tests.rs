@@ -191,7 +191,7 @@ fn every_fixed_label_value_is_exported() {
             "compaction_audits_total",
             every(&[
                 &["pods", "services"],
-                &["counted", "failed", "listed", "unchanged"],
+                &["counted", "deferred", "failed", "listed", "unchanged"],
             ]),
         ),
         (

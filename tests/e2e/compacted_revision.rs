@@ -267,10 +267,13 @@ async fn the_audit_takes_out_a_ghost(options: ControlPlaneOptions) -> Result<()>
         guard.metric("endpoints_guard_compaction_audit_suspects_total{resource=\"pods\"}");
     eprintln!(
         "the LIST at the compacted revision left out the ghost {:.0}s after the delete; \
-         endpoints-guard's audits: {} counted, {} listed, {} unchanged, {} failed, {suspects} suspects; \
+         endpoints-guard's audits: {} counted, {} deferred, {} listed, {} unchanged, {} failed, {suspects} suspects; \
          the address removed: {} ({:.0}s after the delete)",
         listed_without.as_secs_f64(),
         guard.metric(counted),
+        guard.metric(
+            "endpoints_guard_compaction_audits_total{resource=\"pods\",result=\"deferred\"}"
+        ),
         guard.metric(listed),
         guard.metric(
             "endpoints_guard_compaction_audits_total{resource=\"pods\",result=\"unchanged\"}"
