@@ -258,8 +258,13 @@ pub async fn list_page_as<K>(
 where
     K: kube::Resource,
 {
-    let (page, _count) =
-        fetch_page_as::<K>(client, dyntype, limit, from, shape, request_label).await?;
+    let query = PageQuery {
+        limit,
+        from,
+        shape,
+        request_label,
+    };
+    let (page, _count) = fetch_page_as::<K>(client, dyntype, query).await?;
     Ok(page)
 }
 
@@ -277,10 +282,22 @@ pub async fn count_at<K>(
 where
     K: kube::Resource,
 {
-    let shape = ListShape::Metadata;
-    let from = PageFrom::Exactly(rv);
-    let (_page, count) = fetch_page_as::<K>(client, dyntype, 1, from, shape, request_label).await?;
+    let query = PageQuery {
+        limit: 1,
+        from: PageFrom::Exactly(rv),
+        shape: ListShape::Metadata,
+        request_label,
+    };
+    let (_page, count) = fetch_page_as::<K>(client, dyntype, query).await?;
     Ok(count)
+}
+
+/// What one page of [`fetch_page_as`] asks for.
+struct PageQuery<'a> {
+    limit: u32,
+    from: PageFrom<'a>,
+    shape: ListShape,
+    request_label: &'static str,
 }
 
 /// One page as [`list_page_as`] reads it, with the store's count when the
@@ -288,14 +305,17 @@ where
 async fn fetch_page_as<K>(
     client: &kube::Client,
     dyntype: &K::DynamicType,
-    limit: u32,
-    from: PageFrom<'_>,
-    shape: ListShape,
-    request_label: &'static str,
+    query: PageQuery<'_>,
 ) -> Result<(MetaPage, Option<u64>), kube::Error>
 where
     K: kube::Resource,
 {
+    let PageQuery {
+        limit,
+        from,
+        shape,
+        request_label,
+    } = query;
     let (exact_rv, continue_token) = match from {
         PageFrom::Current => (None, None),
         PageFrom::Exactly(rv) => (Some(rv), None),
