@@ -252,6 +252,24 @@ enum Exact {
     Compacted,
 }
 
+/// What a one-item LIST at an exact revision found.
+enum Probe {
+    /// Served; the store's count there, when the server counted.
+    Served(Option<u64>),
+    /// 410: etcd has compacted past it.
+    Compacted,
+}
+
+/// A one-item metadata LIST of `K` at exactly `rv`.
+async fn probe<K: kinds::Kind>(ctx: &Context, rv: u64) -> Result<Probe, kube::Error> {
+    let rv = rv.to_string();
+    match live::count_at::<K::Object>(&ctx.client, &(), &rv, "compaction_audit").await {
+        Ok(count) => Ok(Probe::Served(count)),
+        Err(kube::Error::Api(status)) if status.code == 410 => Ok(Probe::Compacted),
+        Err(err) => Err(err),
+    }
+}
+
 /// A metadata LIST page of every `K`, in protobuf when kube-apiserver
 /// serves it (about three quarters of the JSON's bytes, docs/ghosts.md).
 async fn list_meta<K: kinds::Kind>(
@@ -277,7 +295,7 @@ async fn listing<K: kinds::Kind>(
     may_count: bool,
 ) -> Result<Audited, AuditError> {
     if let Some(last) = last
-        && let Exact::Page(_) = list_meta::<K>(ctx, 1, PageFrom::Exactly(&last.to_string())).await?
+        && let Probe::Served(_) = probe::<K>(ctx, last).await?
     {
         return Ok(Audited::Unchanged);
     }
@@ -285,19 +303,19 @@ async fn listing<K: kinds::Kind>(
         return Err(AuditError::NothingServed(0));
     };
     let newest = revision(&now.resource_version)?;
-    let revision = compaction_revision::<K>(ctx, last.unwrap_or(0), newest).await?;
+    let (revision, probed) = compaction_revision::<K>(ctx, last.unwrap_or(0), newest).await?;
     if last == Some(revision) {
         return Ok(Audited::Unchanged);
     }
     let at = revision.to_string();
     if may_count {
-        let listed = match live::count_at::<K::Object>(&ctx.client, &(), &at, "compaction_audit")
-            .await
-        {
-            Ok(listed) => listed,
-            // Compacted again meanwhile: the next period audits the new one.
-            Err(kube::Error::Api(status)) if status.code == 410 => return Ok(Audited::Unchanged),
-            Err(err) => return Err(err.into()),
+        let listed = match probed {
+            Some(count) => Some(count),
+            None => match probe::<K>(ctx, revision).await? {
+                Probe::Served(count) => count,
+                // Compacted again meanwhile: the next period audits the new one.
+                Probe::Compacted => return Ok(Audited::Unchanged),
+            },
         };
         let cached = K::store(&ctx.stores).with_cache(|cache| cache.count_at(revision));
         match (listed, cached) {
@@ -353,24 +371,25 @@ fn revision(rv: &str) -> Result<u64, AuditError> {
 
 /// The oldest revision in `(below, newest]` an exact LIST is served at
 /// (`below` answered 410 or is 0; `newest` is served): etcd's compaction
-/// revision, found by bisection.
+/// revision, found by bisection; with the store's count there when a probe
+/// at exactly that revision gave one (not when `newest` is the answer).
 async fn compaction_revision<K: kinds::Kind>(
     ctx: &Context,
     below: u64,
     newest: u64,
-) -> Result<u64, AuditError> {
-    let (mut below, mut served) = (below, newest);
+) -> Result<(u64, Option<u64>), AuditError> {
+    let (mut below, mut served, mut count) = (below, newest, None);
     if served <= below {
         return Err(AuditError::NothingServed(newest));
     }
     while served - below > 1 {
         let mid = below + (served - below) / 2;
-        match list_meta::<K>(ctx, 1, PageFrom::Exactly(&mid.to_string())).await? {
-            Exact::Compacted => below = mid,
-            Exact::Page(_) => served = mid,
+        match probe::<K>(ctx, mid).await? {
+            Probe::Compacted => below = mid,
+            Probe::Served(at_mid) => (served, count) = (mid, at_mid),
         }
     }
-    Ok(served)
+    Ok((served, count))
 }
 
 #[cfg(test)]
