@@ -155,6 +155,17 @@ pub struct Config {
     #[arg(long, env = "EG_FULL_RESYNC_INTERVAL", default_value = "20m", value_parser = parse_duration)]
     pub full_resync_interval: Duration,
 
+    /// The share of the time a scheduled full resync's lists keep
+    /// kube-apiserver serving their pages, from above 0 to 1. After each page
+    /// a list waits as long as the page took × (1/share − 1), its watch
+    /// applying events meanwhile, so that a change made during the resync
+    /// is answered as fast as outside one (kube-apiserver answers every
+    /// client slower while it serves pages back to back). 1: no pause. The
+    /// lists a count check, deletion candidates or an election call for
+    /// are never paced.
+    #[arg(long, env = "EG_FULL_RESYNC_LIST_SHARE", default_value_t = 0.05, value_parser = parse_share)]
+    pub full_resync_list_share: f64,
+
     /// How long to keep trying to reach the API server at start-up before giving up.
     #[arg(long, env = "EG_STARTUP_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub startup_timeout: Duration,
@@ -466,6 +477,19 @@ fn parse_qps(text: &str) -> Result<f64, String> {
     Ok(value)
 }
 
+/// A share of the time: 0.01 to 1 (below a hundredth a full resync at
+/// 100,000 pods would outlast the compaction of the revision it lists at).
+fn parse_share(text: &str) -> Result<f64, String> {
+    let value: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a share of the time (e.g. 0.05)"))?;
+    if !(0.01..=1.0).contains(&value) {
+        return Err(format!("{value}: use a share from 0.01 to 1 (1: no pause)"));
+    }
+    Ok(value)
+}
+
 /// Parses a Go duration, as kube-controller-manager's flags take them: a
 /// sequence of decimal numbers, each with an optional fraction and a unit
 /// (`ns`, `us`/`µs`, `ms`, `s`, `m`, `h`), e.g. `1m30s`, `500ms`, `1.5h`,
@@ -681,6 +705,7 @@ mod tests {
         assert_eq!(cfg.workers, 5);
         assert_eq!(cfg.mode, Mode::Enforce);
         assert_eq!(cfg.resync_interval, Duration::from_secs(90));
+        assert_eq!(cfg.full_resync_list_share, 0.05);
         assert_eq!(cfg.ghost_scan_qps, 5.0);
         assert_eq!(cfg.controllers, Controller::ALL);
         assert_eq!(cfg.max_endpoints_per_slice, 100);
@@ -780,6 +805,19 @@ mod tests {
                 .is_err(),
             "a gate this controller does not know"
         );
+    }
+
+    #[test]
+    fn a_full_resyncs_list_share_is_a_share_of_the_time() {
+        let parse = |v: &str| {
+            Config::try_parse_from(["endpoints-guard", "--full-resync-list-share", v])
+                .map(|c| c.full_resync_list_share)
+        };
+        assert_eq!(parse("1").ok(), Some(1.0));
+        assert_eq!(parse("0.01").ok(), Some(0.01));
+        for bad in ["0", "0.001", "1.5", "-0.1", "half", "NaN"] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -32,6 +32,8 @@ struct Watching<'a> {
     namespace: Option<&'a str>,
     /// Objects per LIST page.
     page_limit: u32,
+    /// The share of the time a scheduled full resync's pages take.
+    full_resync_list_share: f64,
     wire: Wire,
     observer: Arc<dyn WatchObserver>,
     shutdown: &'a signal::Receiver<bool>,
@@ -55,7 +57,8 @@ impl KindVisitor for Watching<'_> {
             .store(K::store(&self.ctx.stores).clone())
             .on_change(on_change)
             .observer(self.observer.clone())
-            .page_limit(self.page_limit);
+            .page_limit(self.page_limit)
+            .resync_list_share(self.full_resync_list_share);
         if self.wire == Wire::Protobuf
             && let Some(decode) = K::protobuf()
         {
@@ -182,6 +185,7 @@ pub async fn start(
         ctx: &ctx,
         namespace: cfg.namespace.as_deref(),
         page_limit: cfg.list_page_size,
+        full_resync_list_share: cfg.full_resync_list_share,
         wire: cfg.wire,
         observer: metrics.clone(),
         shutdown: &shutdown,
@@ -193,6 +197,7 @@ pub async fn start(
     let resync = resync::Timing {
         interval: cfg.resync_interval,
         full_interval: cfg.full_resync_interval,
+        full_list_share: cfg.full_resync_list_share,
     };
     let ghost_scan = ghost_scan::Pace {
         qps: cfg.ghost_scan_qps,
@@ -378,8 +383,8 @@ async fn periodic(ctx: Arc<Context>, timing: resync::Timing, mut shutdown: signa
                 ticker.reset();
             }
             let depth = timing.depth(due == Due::Elected, last_full.elapsed());
-            match resync::resync_once(&ctx, depth).await {
-                Ok(()) if depth == resync::Depth::Full => last_full = Instant::now(),
+            match resync::resync_once(&ctx, depth, timing.list_timeout(depth)).await {
+                Ok(()) if depth.is_full() => last_full = Instant::now(),
                 Ok(()) => {}
                 Err(err) => {
                     ctx.metrics.resync_failures.inc();

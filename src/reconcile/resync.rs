@@ -29,6 +29,10 @@ use hardened_watcher::{Cache, Cached, Confirmation, CountCheck, ResyncReport, Wa
 
 /// How long one resync waits for a watcher's list.
 const LIST_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long it waits for a paced list at most: the resyncs after it wait
+/// meanwhile, and a list at one revision fails anyway once etcd compacts
+/// that revision (5 to 10 minutes at kube-apiserver's default).
+const PACED_LIST_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Housekeeping ticks after which an unconfirmed tombstone that nothing names
 /// is released, and a confirmation forgotten.
@@ -45,17 +49,37 @@ pub struct Timing {
     pub interval: Duration,
     /// `--full-resync-interval`.
     pub full_interval: Duration,
+    /// `--full-resync-list-share`: the share of the time a scheduled full
+    /// resync's pages take.
+    pub full_list_share: f64,
 }
 
 impl Timing {
-    /// How deep the resync due now goes: in full on election (the catch-up),
-    /// once `full_interval` has passed since the last full one, and always
-    /// when that is no longer than the interval itself; by counts otherwise.
+    /// How deep the resync due now goes: in full on election (the catch-up,
+    /// at once), paced once `full_interval` has passed since the last full
+    /// one, and always when that is no longer than the interval itself; by
+    /// counts otherwise.
     pub fn depth(&self, elected: bool, since_full: Duration) -> Depth {
-        if elected || self.full_interval <= self.interval || since_full >= self.full_interval {
+        if elected {
             Depth::Full
+        } else if self.full_interval <= self.interval || since_full >= self.full_interval {
+            Depth::Paced
         } else {
             Depth::Counts
+        }
+    }
+
+    /// How long one resync at `depth` waits for a watcher's list: a paced
+    /// list's pauses stretch it by up to 1 / share, within
+    /// [`PACED_LIST_TIMEOUT`].
+    pub fn list_timeout(&self, depth: Depth) -> Duration {
+        match depth {
+            Depth::Paced if self.full_list_share > 0.0 && self.full_list_share < 1.0 => {
+                LIST_TIMEOUT
+                    .mul_f64(1.0 / self.full_list_share)
+                    .min(PACED_LIST_TIMEOUT)
+            }
+            _ => LIST_TIMEOUT,
         }
     }
 }
@@ -65,8 +89,18 @@ impl Timing {
 pub enum Depth {
     /// A count check, and a full relist where it does not match.
     Counts,
-    /// A full relist.
+    /// A full relist at once.
     Full,
+    /// A full relist that nothing suspect calls for, its pages paced
+    /// ([`hardened_watcher::Store::resync_paced`]).
+    Paced,
+}
+
+impl Depth {
+    /// Whether every kind is listed in full.
+    pub fn is_full(self) -> bool {
+        matches!(self, Depth::Full | Depth::Paced)
+    }
 }
 
 /// One kind's part of a resync.
@@ -81,22 +115,28 @@ struct KindResync {
 struct Relists<'a> {
     ctx: &'a Context,
     depth: Depth,
+    timeout: Duration,
     relists: Vec<BoxFuture<'a, (&'static str, Result<KindResync>)>>,
 }
 
 impl KindVisitor for Relists<'_> {
     fn visit<K: Kind>(&mut self) {
-        let (ctx, depth) = (self.ctx, self.depth);
+        let (ctx, depth, timeout) = (self.ctx, self.depth, self.timeout);
         self.relists.push(Box::pin(async move {
-            (K::RESOURCE, resync_kind::<K>(ctx, depth).await)
+            (K::RESOURCE, resync_kind::<K>(ctx, depth, timeout).await)
         }));
     }
 }
 
 /// Resyncs kind `K` if it is watched (an unwatched kind reports nothing):
 /// at [`Depth::Counts`] a count check first, and a full relist only where
-/// the count differs or cannot be had.
-async fn resync_kind<K: Kind>(ctx: &Context, depth: Depth) -> Result<KindResync> {
+/// the count differs or cannot be had, at once; at [`Depth::Paced`] a paced
+/// relist unless the cache awaits a list.
+async fn resync_kind<K: Kind>(
+    ctx: &Context,
+    depth: Depth,
+    timeout: Duration,
+) -> Result<KindResync> {
     if !K::needed(ctx.controllers()) {
         return Ok(KindResync::default());
     }
@@ -120,15 +160,25 @@ async fn resync_kind<K: Kind>(ctx: &Context, depth: Depth) -> Result<KindResync>
             }
         }
     }
+    let paced = depth == Depth::Paced && !awaits_a_list;
     Ok(KindResync {
-        report: relist::<K>(store).await?,
+        report: relist::<K>(store, paced, timeout).await?,
         listed: true,
     })
 }
 
-/// A full relist of one kind's watcher.
-async fn relist<K: Kind>(store: &hardened_watcher::Store<K::Cached>) -> Result<ResyncReport> {
-    match tokio::time::timeout(LIST_TIMEOUT, store.resync()).await {
+/// A full relist of one kind's watcher, `paced` or at once.
+async fn relist<K: Kind>(
+    store: &hardened_watcher::Store<K::Cached>,
+    paced: bool,
+    timeout: Duration,
+) -> Result<ResyncReport> {
+    let resynced = if paced {
+        tokio::time::timeout(timeout, store.resync_paced()).await
+    } else {
+        tokio::time::timeout(LIST_TIMEOUT.min(timeout), store.resync()).await
+    };
+    match resynced {
         Ok(report) => report.map_err(Error::from),
         Err(_) => Err(Error::Watch(WatchError::WatcherGone {
             resource: store.resource().to_owned(),
@@ -137,13 +187,14 @@ async fn relist<K: Kind>(store: &hardened_watcher::Store<K::Cached>) -> Result<R
 }
 
 /// One resync: every watcher checks its count or relists (at once, at
-/// `depth`), then the caches are compared with each other and every
-/// Service is queued.
-pub async fn resync_once(ctx: &Arc<Context>, depth: Depth) -> Result<()> {
+/// `depth`, each list given `timeout`), then the caches are compared with
+/// each other and every Service is queued.
+pub async fn resync_once(ctx: &Arc<Context>, depth: Depth, timeout: Duration) -> Result<()> {
     let start = Instant::now();
     let mut relists = Relists {
         ctx,
         depth,
+        timeout,
         relists: Vec::new(),
     };
     for_each_kind(&mut relists);
@@ -293,17 +344,32 @@ mod tests {
         let timing = Timing {
             interval: secs(90),
             full_interval: secs(1800),
+            full_list_share: 0.05,
         };
         assert_eq!(timing.depth(false, secs(90)), Depth::Counts);
         assert_eq!(timing.depth(false, secs(1799)), Depth::Counts);
-        assert_eq!(timing.depth(false, secs(1800)), Depth::Full);
+        assert_eq!(timing.depth(false, secs(1800)), Depth::Paced);
         assert_eq!(timing.depth(true, secs(1)), Depth::Full);
         // A full interval no longer than the interval: every resync in full.
         let every = Timing {
             interval: secs(90),
             full_interval: secs(90),
+            ..timing
         };
-        assert_eq!(every.depth(false, secs(0)), Depth::Full);
+        assert_eq!(every.depth(false, secs(0)), Depth::Paced);
+        // Only a paced list waits longer, by its share.
+        assert_eq!(timing.list_timeout(Depth::Paced), secs(600));
+        let half = Timing {
+            full_list_share: 0.5,
+            ..timing
+        };
+        assert_eq!(half.list_timeout(Depth::Paced), secs(240));
+        assert_eq!(timing.list_timeout(Depth::Full), secs(120));
+        let unpaced = Timing {
+            full_list_share: 1.0,
+            ..timing
+        };
+        assert_eq!(unpaced.list_timeout(Depth::Paced), secs(120));
     }
 
     use hardened_watcher::{ObjectKey, WatchEventKind};

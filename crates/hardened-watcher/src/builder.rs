@@ -168,6 +168,19 @@ where
         self
     }
 
+    /// The share of the time a paced resync
+    /// ([`Store::resync_paced`](crate::Store::resync_paced)) that
+    /// lists beside the open watch keeps the API server serving its pages
+    /// (default 1: pages back to back). After each page it waits as long as
+    /// the page took × (1 / share − 1), the watch's events applied
+    /// meanwhile: the list's cost is spread, so that others' requests, and
+    /// the events the watch delivers, are not answered slower behind
+    /// back-to-back pages. Values outside (0, 1] count as 1.
+    pub fn resync_list_share(mut self, share: f64) -> Self {
+        self.config.resync_list_share = share;
+        self
+    }
+
     /// The server-side timeout of each WATCH request, after which the server
     /// closes it and the watcher resumes from the highest resourceVersion
     /// (default 290 s), in whole seconds, at least one (the API takes

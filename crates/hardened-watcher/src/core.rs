@@ -111,6 +111,9 @@ pub struct WatchCore<T: Cached> {
     pub(super) watch_open: bool,
     /// The resync listing beside the open watch (`core_beside.rs`).
     pub(super) beside: Option<super::core_beside::Beside>,
+    /// Whether that listing pauses after its pages, and the share of the
+    /// time its pages may take then.
+    pub(super) beside_pace: super::core_beside::Pace,
 }
 
 /// A resync lists at exactly the store's current revision, which a one-item
@@ -162,7 +165,14 @@ impl<T: Cached> WatchCore<T> {
             list_skipped: 0,
             watch_open: false,
             beside: None,
+            beside_pace: super::core_beside::Pace::default(),
         }
+    }
+
+    /// The share of the time a paced resync's pages take, when it lists
+    /// beside the open watch (see `WatcherBuilder::resync_list_share`).
+    pub fn pace_resync_lists(&mut self, share: f64) {
+        self.beside_pace.share = super::core_beside::Pace::valid_share(share);
     }
 
     /// Records when the next input (a watch line, a list page, a live read's
@@ -535,17 +545,20 @@ impl<T: Cached> WatchCore<T> {
             || self.beside.is_some()
             || !self.disputes.is_empty()
             || self.machine.starts_list();
+        let paced = matches!(request, Request::PacedResync(_));
         match request {
-            Request::Resync(reply) => {
+            Request::Resync(reply) | Request::PacedResync(reply) => {
                 self.waiting.push(reply);
                 if busy {
-                    // The list in progress answers it.
+                    // The list in progress answers it, without pauses from
+                    // now on if this one is not paced.
+                    self.beside_pace.paced &= paced;
                     return false;
                 }
                 self.exact = ExactResync::Unasked;
                 if self.watch_open && self.next_mode == ListMode::Recover {
                     // The watch goes on; the list runs beside it.
-                    self.start_beside();
+                    self.start_beside(paced);
                     return false;
                 }
                 if self.next_mode == ListMode::Recover {

@@ -47,9 +47,10 @@ pub(super) enum Beside {
         /// `None` for the first page.
         continue_token: Option<String>,
     },
-    /// A throttled page is asked for again after `delay`.
+    /// A page is asked for after `delay`: a throttled page again after the
+    /// server's pause, or a paced resync's next page.
     Pause {
-        /// The server's pause.
+        /// How long to wait.
         delay: Duration,
         /// The page to ask for then.
         continue_token: Option<String>,
@@ -76,15 +77,61 @@ pub enum BesideStep {
         /// For the first page: the probed revision, exactly.
         exact_rv: Option<String>,
     },
-    /// A pause (a throttled page); then [`WatchCore::on_beside_pause_elapsed`].
+    /// A pause (a throttled page, or a paced resync between pages); then
+    /// [`WatchCore::on_beside_pause_elapsed`].
     Pause(Duration),
 }
 
+/// How a resync listing beside the watch paces its pages.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct Pace {
+    /// Whether this resync pauses between its pages (a scheduled one that
+    /// nothing urgent has joined).
+    pub paced: bool,
+    /// The share of the time its pages may take, in (0, 1].
+    pub share: f64,
+}
+
+impl Default for Pace {
+    fn default() -> Self {
+        Self {
+            paced: false,
+            share: 1.0,
+        }
+    }
+}
+
+impl Pace {
+    /// The longest pause after one page: a page that took very long says
+    /// the server is slow, not that the resync should stall for minutes.
+    const LONGEST_PAUSE: Duration = Duration::from_secs(30);
+
+    /// `share`, or 1 (no pause) where it is not in (0, 1].
+    pub fn valid_share(share: f64) -> f64 {
+        if share > 0.0 && share <= 1.0 {
+            share
+        } else {
+            1.0
+        }
+    }
+
+    /// The pause after a page that took `took`: so long that pages take
+    /// `share` of the time (none when not paced).
+    pub fn pause_after(&self, took: Duration) -> Duration {
+        if !self.paced || self.share >= 1.0 {
+            return Duration::ZERO;
+        }
+        took.mul_f64(1.0 / self.share - 1.0)
+            .min(Self::LONGEST_PAUSE)
+    }
+}
+
 impl<T: Cached> WatchCore<T> {
-    /// Starts a resync beside the open watch.
-    pub(super) fn start_beside(&mut self) {
-        debug!("resync listing beside the open watch");
+    /// Starts a resync beside the open watch, `paced` or not.
+    pub(super) fn start_beside(&mut self, paced: bool) {
+        debug!(paced, "resync listing beside the open watch");
         self.beside = Some(Beside::Probe);
+        self.beside_pace.paced = paced;
         self.exact = ExactResync::Unasked;
     }
 
@@ -168,8 +215,10 @@ impl<T: Cached> WatchCore<T> {
         false
     }
 
-    /// A page's answer. Returns whether the watch must end.
-    pub fn on_beside_page(&mut self, page: Result<Page<T>, kube::Error>) -> bool {
+    /// A page's answer, which took `took` from asking to answer (what a
+    /// paced resync's pause is measured by). Returns whether the watch must
+    /// end.
+    pub fn on_beside_page(&mut self, page: Result<Page<T>, kube::Error>, took: Duration) -> bool {
         let asked = match &self.beside {
             Some(Beside::Waiting { continue_token }) => continue_token.clone(),
             _ => return false,
@@ -199,8 +248,15 @@ impl<T: Cached> WatchCore<T> {
             return self.beside_gives_up();
         }
         if let Some(token) = page.continue_token.filter(|token| !token.is_empty()) {
-            self.beside = Some(Beside::Page {
-                continue_token: Some(token),
+            let continue_token = Some(token);
+            let pause = self.beside_pace.pause_after(took);
+            self.beside = Some(if pause.is_zero() {
+                Beside::Page { continue_token }
+            } else {
+                Beside::Pause {
+                    delay: pause,
+                    continue_token,
+                }
             });
             return false;
         }
@@ -232,7 +288,8 @@ impl<T: Cached> WatchCore<T> {
         }
     }
 
-    /// The pause a throttled page asked for is over.
+    /// The pause before the next page (a throttled page's, or a paced
+    /// resync's) is over.
     pub fn on_beside_pause_elapsed(&mut self) {
         if let Some(Beside::Waiting { continue_token }) = self.beside.take() {
             self.beside = Some(Beside::Page { continue_token });
@@ -262,7 +319,8 @@ impl<T: Cached> WatchCore<T> {
             && self.disputes.is_empty()
             && self.next_mode == ListMode::Recover
         {
-            self.start_beside();
+            let paced = self.beside_pace.paced;
+            self.start_beside(paced);
         }
     }
 

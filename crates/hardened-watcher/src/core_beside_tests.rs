@@ -60,11 +60,14 @@ fn events_flow_while_a_resync_lists_beside_the_watch() {
     assert_eq!(h.take_changes().len(), 3);
     // The list at 300: a and b as they were then; the ghost's DELETE,
     // which the watch never delivered, is missing from it.
-    let more = h.core.on_beside_page(Ok(page(
-        vec![obj("a", "ua", "100"), obj("b", "ub", "110")],
-        Some("c1"),
-        "300",
-    )));
+    let more = h.core.on_beside_page(
+        Ok(page(
+            vec![obj("a", "ua", "100"), obj("b", "ub", "110")],
+            Some("c1"),
+            "300",
+        )),
+        Duration::ZERO,
+    );
     assert!(!more);
     assert_eq!(
         h.core.beside_step(),
@@ -74,7 +77,10 @@ fn events_flow_while_a_resync_lists_beside_the_watch() {
             exact_rv: None,
         })
     );
-    assert!(!h.core.on_beside_page(Ok(page(vec![], None, "300"))));
+    assert!(
+        !h.core
+            .on_beside_page(Ok(page(vec![], None, "300")), Duration::ZERO)
+    );
     assert_eq!(h.deletion_candidates(), vec![key("ghost")]);
     assert_eq!(h.data("a").as_deref(), Some("a@310"), "newer kept");
     assert!(
@@ -102,14 +108,18 @@ fn events_the_list_overtook_are_lag_not_drift() {
     h.core.beside_step();
     // The list at 300 has a and b updated at 250 and 260: a's event is on
     // its way, b's was lost.
-    h.core.on_beside_page(Ok(page(
-        vec![obj("a", "ua", "250"), obj("b", "ub", "260")],
-        Some("c1"),
-        "300",
-    )));
+    h.core.on_beside_page(
+        Ok(page(
+            vec![obj("a", "ua", "250"), obj("b", "ub", "260")],
+            Some("c1"),
+            "300",
+        )),
+        Duration::ZERO,
+    );
     h.event(Modified, obj("a", "ua", "250"));
     h.core.beside_step();
-    h.core.on_beside_page(Ok(page(vec![], None, "300")));
+    h.core
+        .on_beside_page(Ok(page(vec![], None, "300")), Duration::ZERO);
     assert_eq!(h.stale(), vec![], "overtaken events are not stale");
     h.bookmark("310");
     assert_eq!(h.count("drift/missed_update"), 1, "b only");
@@ -124,15 +134,20 @@ fn a_watch_that_ends_takes_the_list_with_it() {
         resync_beside(vec![obj("a", "ua", "100"), obj("gone", "ug", "110")], "200");
     assert!(!h.core.on_beside_probe(Ok("300".into())));
     h.core.beside_step();
-    h.core
-        .on_beside_page(Ok(page(vec![obj("a", "ua", "250")], Some("c1"), "300")));
+    h.core.on_beside_page(
+        Ok(page(vec![obj("a", "ua", "250")], Some("c1"), "300")),
+        Duration::ZERO,
+    );
     h.core.beside_step();
     h.core.on_stream_end();
     assert!(h.deletion_candidates().is_empty());
     assert_eq!(h.data("a").as_deref(), Some("a@250"));
     assert!(answer.try_recv().is_err(), "not answered yet");
     // The answer of the request that was out is dropped with the watch.
-    assert!(!h.core.on_beside_page(Ok(page(vec![], None, "300"))));
+    assert!(
+        !h.core
+            .on_beside_page(Ok(page(vec![], None, "300")), Duration::ZERO)
+    );
     assert!(h.deletion_candidates().is_empty());
     // A watch that ended without an event resumes after a pause.
     assert!(matches!(h.step(), Step::Act(Action::Backoff(_))));
@@ -142,8 +157,10 @@ fn a_watch_that_ends_takes_the_list_with_it() {
     assert_eq!(h.core.beside_step(), Some(BesideStep::Probe));
     assert!(!h.core.on_beside_probe(Ok("320".into())));
     assert_eq!(h.core.beside_step(), Some(first_page("320")));
-    h.core
-        .on_beside_page(Ok(page(vec![obj("a", "ua", "250")], None, "320")));
+    h.core.on_beside_page(
+        Ok(page(vec![obj("a", "ua", "250")], None, "320")),
+        Duration::ZERO,
+    );
     assert_eq!(h.deletion_candidates(), vec![key("gone")]);
     assert!(answer.try_recv().is_ok());
 }
@@ -151,7 +168,10 @@ fn a_watch_that_ends_takes_the_list_with_it() {
 /// The page out is answered 429 with a pause of `seconds`: the pause, then
 /// `again`.
 fn throttled_then_asked_again(h: &mut Harness, seconds: u32, again: BesideStep) {
-    assert!(!h.core.on_beside_page(Err(throttled_error(seconds))));
+    assert!(
+        !h.core
+            .on_beside_page(Err(throttled_error(seconds)), Duration::ZERO)
+    );
     assert_eq!(
         h.core.beside_step(),
         Some(BesideStep::Pause(Duration::from_secs(u64::from(seconds))))
@@ -171,8 +191,10 @@ fn a_throttled_page_is_asked_for_again() {
     h.core.beside_step();
     // The first page throttled: asked for again at exactly the revision.
     throttled_then_asked_again(&mut h, 2, first_page("300"));
-    h.core
-        .on_beside_page(Ok(page(vec![obj("a", "ua", "100")], Some("c1"), "300")));
+    h.core.on_beside_page(
+        Ok(page(vec![obj("a", "ua", "100")], Some("c1"), "300")),
+        Duration::ZERO,
+    );
     h.core.beside_step();
     throttled_then_asked_again(
         &mut h,
@@ -183,7 +205,8 @@ fn a_throttled_page_is_asked_for_again() {
             exact_rv: None,
         },
     );
-    h.core.on_beside_page(Ok(page(vec![], None, "300")));
+    h.core
+        .on_beside_page(Ok(page(vec![], None, "300")), Duration::ZERO);
     assert_eq!(h.deletion_candidates(), vec![key("gone")]);
     assert!(answer.try_recv().is_ok());
 }
@@ -209,7 +232,10 @@ fn what_it_cannot_do_beside_the_watch_it_does_without_it() {
     let (mut h, mut answer) = resync_beside(vec![obj("a", "ua", "100")], "200");
     assert!(!h.core.on_beside_probe(Ok("300".into())));
     h.core.beside_step();
-    assert!(h.core.on_beside_page(Err(api_error(504, "Timeout"))));
+    assert!(
+        h.core
+            .on_beside_page(Err(api_error(504, "Timeout")), Duration::ZERO)
+    );
     h.core.on_watch_closed();
     h.expect_list(None);
     h.page(vec![obj("a", "ua", "100")], None, "310");
@@ -240,10 +266,10 @@ fn a_disputed_item_ends_the_watch_for_its_live_read() {
     h.core.beside_step();
     // a at 150 from a list at 300, where the cache saw it at 250 before:
     // a store that cannot produce it (or a watch cache that lost events).
-    assert!(
-        h.core
-            .on_beside_page(Ok(page(vec![obj("a", "ua", "150")], None, "300")))
-    );
+    assert!(h.core.on_beside_page(
+        Ok(page(vec![obj("a", "ua", "150")], None, "300")),
+        Duration::ZERO
+    ));
     h.core.on_watch_closed();
     h.expect_read("a");
     h.read(crate::object::LiveRead::Found(obj("a", "ua", "250")));
@@ -259,4 +285,116 @@ fn a_disputed_item_ends_the_watch_for_its_live_read() {
             .iter()
             .any(|c| matches!(c, Change::DeletionCandidate(_)))
     );
+}
+
+fn next_page(token: &str) -> BesideStep {
+    BesideStep::List {
+        continue_token: Some(token.to_owned()),
+        limit: 500,
+        exact_rv: None,
+    }
+}
+
+/// A paced resync (a scheduled one) pauses after each page but the last,
+/// as long as the page took × (1 / share − 1), and the watch's events are
+/// applied while it pauses.
+#[test]
+fn a_paced_resync_pauses_between_pages_while_events_apply() {
+    let mut h = Harness::synced_with(vec![obj("a", "ua", "100"), obj("gone", "ug", "110")], "200");
+    h.core.pace_resync_lists(0.05);
+    h.core.on_watch_started();
+    let (reply, mut answer) = tokio::sync::oneshot::channel();
+    assert!(!h.core.on_request(Request::PacedResync(reply)));
+    assert_eq!(h.core.beside_step(), Some(BesideStep::Probe));
+    assert!(!h.core.on_beside_probe(Ok("300".into())));
+    assert_eq!(h.core.beside_step(), Some(first_page("300")));
+    let took = Duration::from_millis(20);
+    h.core.on_beside_page(
+        Ok(page(vec![obj("a", "ua", "100")], Some("c1"), "300")),
+        took,
+    );
+    assert_eq!(
+        h.core.beside_step(),
+        Some(BesideStep::Pause(Duration::from_millis(380)))
+    );
+    // Nothing else is asked for while the pause runs; events apply.
+    assert_eq!(h.core.beside_step(), None);
+    h.event(Added, obj("new", "un", "310"));
+    assert_eq!(h.take_changes().len(), 1);
+    h.core.on_beside_pause_elapsed();
+    assert_eq!(h.core.beside_step(), Some(next_page("c1")));
+    h.core.on_beside_page(Ok(page(vec![], None, "300")), took);
+    assert_eq!(h.core.beside_step(), None, "no pause after the last page");
+    assert_eq!(h.deletion_candidates(), vec![key("gone")]);
+    assert!(answer.try_recv().is_ok());
+}
+
+/// A resync asked for while a paced one lists (something suggests the
+/// cache is wrong) joins it and lifts its pauses; a resync that is not
+/// paced never pauses, whatever the share.
+#[test]
+fn an_urgent_resync_lifts_the_pauses_of_a_paced_one() {
+    let mut h = Harness::synced_with(vec![obj("a", "ua", "100")], "200");
+    h.core.pace_resync_lists(0.05);
+    h.core.on_watch_started();
+    let (paced, mut paced_answer) = tokio::sync::oneshot::channel();
+    assert!(!h.core.on_request(Request::PacedResync(paced)));
+    h.core.beside_step();
+    assert!(!h.core.on_beside_probe(Ok("300".into())));
+    h.core.beside_step();
+    let took = Duration::from_millis(20);
+    h.core.on_beside_page(
+        Ok(page(vec![obj("a", "ua", "100")], Some("c1"), "300")),
+        took,
+    );
+    assert!(matches!(h.core.beside_step(), Some(BesideStep::Pause(_))));
+    let (urgent, mut urgent_answer) = tokio::sync::oneshot::channel();
+    assert!(!h.core.on_request(Request::Resync(urgent)));
+    h.core.on_beside_pause_elapsed();
+    assert_eq!(h.core.beside_step(), Some(next_page("c1")));
+    h.core.on_beside_page(
+        Ok(page(vec![obj("a", "ua", "100")], Some("c2"), "300")),
+        took,
+    );
+    assert_eq!(h.core.beside_step(), Some(next_page("c2")), "no pause");
+    h.core.on_beside_page(Ok(page(vec![], None, "300")), took);
+    assert!(paced_answer.try_recv().is_ok());
+    assert!(urgent_answer.try_recv().is_ok());
+    // Not paced from the start: no pause.
+    let (mut h, _answer) = resync_beside(vec![obj("a", "ua", "100")], "200");
+    h.core.pace_resync_lists(0.05);
+    assert!(!h.core.on_beside_probe(Ok("300".into())));
+    h.core.beside_step();
+    h.core.on_beside_page(
+        Ok(page(vec![obj("a", "ua", "100")], Some("c1"), "300")),
+        took,
+    );
+    assert_eq!(h.core.beside_step(), Some(next_page("c1")));
+}
+
+/// The pause keeps pages at the share of the time, is capped, and a share
+/// outside (0, 1] means none.
+#[test]
+fn the_pause_after_a_page_keeps_its_share_and_is_capped() {
+    use crate::core_beside::Pace;
+    let pace = |share: f64| Pace {
+        paced: true,
+        share: Pace::valid_share(share),
+    };
+    let ms = Duration::from_millis;
+    assert_eq!(pace(0.1).pause_after(ms(10)), ms(90));
+    assert_eq!(pace(0.5).pause_after(ms(10)), ms(10));
+    assert_eq!(pace(1.0).pause_after(ms(10)), Duration::ZERO);
+    assert_eq!(
+        pace(0.01).pause_after(Duration::from_secs(10)),
+        Duration::from_secs(30)
+    );
+    for odd in [0.0, -1.0, 2.0, f64::NAN] {
+        assert_eq!(pace(odd).pause_after(ms(10)), Duration::ZERO, "{odd}");
+    }
+    let unpaced = Pace {
+        paced: false,
+        share: 0.05,
+    };
+    assert_eq!(unpaced.pause_after(ms(10)), Duration::ZERO);
 }

@@ -44,6 +44,8 @@ pub(crate) struct WatchConfig {
     pub watch_timeout_secs: u32,
     /// Which objects it sees.
     pub selectors: Selectors,
+    /// The share of the time a paced resync's pages take.
+    pub resync_list_share: f64,
 }
 
 impl Default for WatchConfig {
@@ -52,6 +54,7 @@ impl Default for WatchConfig {
             page_limit: super::machine::DEFAULT_PAGE_LIMIT,
             watch_timeout_secs: 290,
             selectors: Selectors::default(),
+            resync_list_share: 1.0,
         }
     }
 }
@@ -194,13 +197,14 @@ where
                 resource: self.store.resource().to_owned(),
             })?;
         let span = info_span!("watch", resource = self.store.resource());
-        let core = WatchCore::new(
+        let mut core = WatchCore::new(
             self.store,
             self.sink,
             self.observer,
             self.config.page_limit,
             Box::new(DefaultBackoff::default()),
         );
+        core.pace_resync_lists(self.config.resync_list_share);
         let mut driver = Driver {
             api: self.api,
             dyntype: self.dyntype,
@@ -409,9 +413,9 @@ where
         self.core.input_arrived(Instant::now());
         match answer {
             BesideAnswer::Probe(store_rv) => self.core.on_beside_probe(store_rv),
-            BesideAnswer::Page(body) => {
+            BesideAnswer::Page(body, took) => {
                 let page = self.decode_list_body(body);
-                self.core.on_beside_page(page)
+                self.core.on_beside_page(page, took)
             }
             BesideAnswer::PauseOver => {
                 self.core.on_beside_pause_elapsed();
@@ -618,7 +622,8 @@ async fn fetch_list_body(
 /// What a request of a resync listing beside the watch brought back.
 enum BesideAnswer {
     Probe(Result<String, kube::Error>),
-    Page(Result<ListBody, kube::Error>),
+    /// The page, and how long it took from asking to answer.
+    Page(Result<ListBody, kube::Error>, Duration),
     PauseOver,
 }
 
@@ -650,7 +655,9 @@ fn beside_request(
                     exact_rv: exact_rv.as_deref(),
                     selectors: Some(&selectors),
                 };
-                BesideAnswer::Page(fetch_list_body(&client, &request, &page, protobuf).await)
+                let asked = Instant::now();
+                let body = fetch_list_body(&client, &request, &page, protobuf).await;
+                BesideAnswer::Page(body, asked.elapsed())
             }
             BesideStep::Pause(delay) => {
                 tokio::time::sleep(delay).await;

@@ -21,6 +21,10 @@ pub(super) enum Request {
     /// A consistent relist now (the periodic resync); answered once a list
     /// has been applied.
     Resync(oneshot::Sender<ResyncReport>),
+    /// The same, when nothing suggests the cache is wrong (a scheduled
+    /// resync): a list beside the open watch is paced (see
+    /// `WatcherBuilder::resync_list_share`).
+    PacedResync(oneshot::Sender<ResyncReport>),
     /// A consistent relist, because something suggests the store was rewound.
     Relist(RestartReason),
     /// A count check (see `count.rs`), answered at once, the watch left open.
@@ -166,6 +170,16 @@ impl<T: Cached> Store<T> {
     /// applied (the periodic resync). Fails if no watcher runs.
     pub async fn resync(&self) -> Result<ResyncReport, WatchError> {
         self.ask(Request::Resync).await
+    }
+
+    /// [`Store::resync`] when nothing suggests the cache is wrong (a
+    /// scheduled full resync): a list that runs beside the open watch pauses
+    /// after each page as the builder's
+    /// [`resync_list_share`](crate::WatcherBuilder::resync_list_share) says,
+    /// so that the API server spends only that share of the time on it. A
+    /// [`Store::resync`] asked for meanwhile lifts the pauses.
+    pub async fn resync_paced(&self) -> Result<ResyncReport, WatchError> {
+        self.ask(Request::PacedResync).await
     }
 
     /// Compares how many objects the store holds at its current

@@ -327,13 +327,23 @@ async fn resync_windows(r: &controllers::Running, interval: Duration) -> Result<
     };
     let first = r.metrics().await?;
     let (mut count, mut sum) = read(&first);
-    // The scrapes since the last resync ended, oldest first, a minute of
-    // them at most: one of them opens the next window (a resync that lasts
-    // longer is measured from the oldest kept).
-    const KEPT: usize = 600;
-    let mut recent: VecDeque<(Instant, String)> = VecDeque::from([(Instant::now(), first)]);
+    // The scrapes since the last resync ended, oldest first, ten minutes of
+    // them at most (a paced full resync lasts minutes at 100,000 pods), each
+    // cut to the in-process histograms: one of them opens the next window
+    // (a resync that lasts longer is measured from the oldest kept).
+    const KEPT: usize = 6000;
+    let histograms = |text: &str| -> String {
+        text.lines()
+            .filter(|l| l.starts_with(inproc::SENT) || l.starts_with(inproc::ANSWERED))
+            .flat_map(|l| [l, "\n"])
+            .collect()
+    };
+    let mut recent: VecDeque<(Instant, String)> =
+        VecDeque::from([(Instant::now(), histograms(&first))]);
+    // A paced full resync lasts about 20 times its pages' time: 2 minutes
+    // at 100,000 pods.
     let deadline =
-        Instant::now() + (interval + Duration::from_secs(120)) * (RESYNCS_UNDER_CHURN as u32 + 1);
+        Instant::now() + (interval + Duration::from_secs(300)) * (RESYNCS_UNDER_CHURN as u32 + 1);
     let mut windows = Vec::new();
     while windows.len() < RESYNCS_UNDER_CHURN {
         if Instant::now() > deadline {
@@ -353,7 +363,7 @@ async fn resync_windows(r: &controllers::Running, interval: Duration) -> Result<
                 from,
                 to: now,
                 metrics_before,
-                metrics_after: text.clone(),
+                metrics_after: histograms(&text),
             });
             (count, sum) = (now_count, now_sum);
             recent.clear();
@@ -361,7 +371,7 @@ async fn resync_windows(r: &controllers::Running, interval: Duration) -> Result<
         if recent.len() == KEPT {
             recent.pop_front();
         }
-        recent.push_back((now, text));
+        recent.push_back((now, histograms(&text)));
     }
     Ok(windows)
 }

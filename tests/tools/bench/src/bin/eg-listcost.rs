@@ -6,7 +6,7 @@
 //! (docs/bench-runs.md).
 //!
 //! ```text
-//! SIZE=S|M|L eg-listcost [--window-secs 60] [--repeat 2] [--write-rate 20] [--page 500]
+//! SIZE=S|M|L eg-listcost [--window-secs 60] [--repeat 2] [--write-rate 20] [--page 500] [--share 1]
 //! ```
 //!
 //! No controller runs. Each round measures three windows on the same
@@ -17,7 +17,9 @@
 //! that resourceVersion, in protobuf and gzipped as endpoints-guard asks).
 //! Through every window the tool writes pods' Ready condition at
 //! `--write-rate` a second, as a kubelet would, and times each write from
-//! sending it to reading the answer.
+//! sending it to reading the answer. With `--share F` below 1 a list pauses
+//! after each page for as long as the page took × (1/F − 1), so that pages
+//! are served about F of the window's time (a paced resync).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -39,6 +41,8 @@ struct Options {
     repeat: u32,
     write_rate: u32,
     page: u32,
+    /// The share of the time pages are asked for (1: back to back).
+    share: f64,
 }
 
 fn parse() -> Result<Options> {
@@ -48,6 +52,7 @@ fn parse() -> Result<Options> {
         repeat: 2,
         write_rate: 20,
         page: 500,
+        share: 1.0,
     };
     for (flag, value) in eg_bench::flag_values()? {
         match flag.as_str() {
@@ -57,13 +62,17 @@ fn parse() -> Result<Options> {
             "--repeat" => opts.repeat = value.parse().context("--repeat")?,
             "--write-rate" => opts.write_rate = value.parse().context("--write-rate")?,
             "--page" => opts.page = value.parse().context("--page")?,
+            "--share" => opts.share = value.parse().context("--share")?,
             other => bail!(
-                "unknown flag {other}; usage: SIZE=S|M|L eg-listcost [--window-secs N] [--repeat N] [--write-rate N] [--page N]"
+                "unknown flag {other}; usage: SIZE=S|M|L eg-listcost [--window-secs N] [--repeat N] [--write-rate N] [--page N] [--share F]"
             ),
         }
     }
     if opts.write_rate == 0 || opts.page == 0 || opts.window.is_zero() {
         bail!("--write-rate, --page and --window-secs must be above 0");
+    }
+    if !(opts.share > 0.0 && opts.share <= 1.0) {
+        bail!("--share must be above 0 and at most 1");
     }
     Ok(opts)
 }
@@ -115,8 +124,9 @@ struct Window {
 
 /// Lists every pod once as the resync does: the current resourceVersion
 /// from a one-item LIST, then every page at exactly that resourceVersion.
+/// After each page it pauses so that pages take about `share` of the time.
 /// Returns the pods listed.
-async fn list_all(client: &Client, shape: ListShape, page: u32) -> Result<usize> {
+async fn list_all(client: &Client, shape: ListShape, page: u32, share: f64) -> Result<usize> {
     let probe = live::list_page_as::<Pod>(client, &(), 1, PageFrom::Current, shape, "probe")
         .await
         .context("the one-item LIST")?;
@@ -125,12 +135,16 @@ async fn list_all(client: &Client, shape: ListShape, page: u32) -> Result<usize>
     let mut token;
     let mut pods = 0;
     loop {
+        let asked = Instant::now();
         let answer = live::list_page_as::<Pod>(client, &(), page, from, shape, "list")
             .await
             .with_context(|| format!("a page of the list at resourceVersion {rv}"))?;
         pods += answer.items.len() + answer.unreadable;
         match answer.continue_token {
             Some(next) => {
+                if share < 1.0 {
+                    tokio::time::sleep(asked.elapsed().mul_f64(1.0 / share - 1.0)).await;
+                }
                 token = next;
                 from = PageFrom::Continue(&token);
             }
@@ -196,7 +210,7 @@ async fn measure(
         if let Lists::Of(shape) = lists {
             while Instant::now() < end {
                 let at = Instant::now();
-                let pods = list_all(&client, shape, opts.page).await?;
+                let pods = list_all(&client, shape, opts.page, opts.share).await?;
                 if pods < workload.pods.len() {
                     bail!(
                         "a {} list held {pods} pods, fewer than the {} created",
