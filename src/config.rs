@@ -155,16 +155,18 @@ pub struct Config {
     #[arg(long, env = "EG_FULL_RESYNC_INTERVAL", default_value = "20m", value_parser = parse_duration)]
     pub full_resync_interval: Duration,
 
-    /// The share of the time a scheduled full resync's lists keep
-    /// kube-apiserver serving their pages, from above 0 to 1. After each page
-    /// a list waits as long as the page took × (1/share − 1), its watch
-    /// applying events meanwhile, so that a change made during the resync
-    /// is answered as fast as outside one (kube-apiserver answers every
-    /// client slower while it serves pages back to back). 1: no pause. The
-    /// lists a count check, deletion candidates or an election call for
-    /// are never paced.
-    #[arg(long, env = "EG_FULL_RESYNC_LIST_SHARE", default_value_t = 0.05, value_parser = parse_share)]
-    pub full_resync_list_share: f64,
+    /// The share of the time a scheduled listing keeps kube-apiserver
+    /// serving its pages, 0.01 to 1: the full resync every
+    /// --full-resync-interval, and the compaction audit's listing every
+    /// --compaction-audit-full-every revisions. After each page the list
+    /// waits as long as the page took × (1/share − 1), the watches applying
+    /// events meanwhile, so that a change made during it is answered as
+    /// fast as outside one (kube-apiserver answers every client slower while
+    /// it serves pages back to back). 1: no pause. Lists that a count
+    /// check, deletion candidates, an election or counts that differ call
+    /// for are never paced.
+    #[arg(long, env = "EG_PACED_LIST_SHARE", default_value_t = 0.05, value_parser = parse_share)]
+    pub paced_list_share: f64,
 
     /// How long to keep trying to reach the API server at start-up before giving up.
     #[arg(long, env = "EG_STARTUP_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
@@ -705,7 +707,7 @@ mod tests {
         assert_eq!(cfg.workers, 5);
         assert_eq!(cfg.mode, Mode::Enforce);
         assert_eq!(cfg.resync_interval, Duration::from_secs(90));
-        assert_eq!(cfg.full_resync_list_share, 0.05);
+        assert_eq!(cfg.paced_list_share, 0.05);
         assert_eq!(cfg.ghost_scan_qps, 5.0);
         assert_eq!(cfg.controllers, Controller::ALL);
         assert_eq!(cfg.max_endpoints_per_slice, 100);
@@ -810,8 +812,8 @@ mod tests {
     #[test]
     fn a_full_resyncs_list_share_is_a_share_of_the_time() {
         let parse = |v: &str| {
-            Config::try_parse_from(["endpoints-guard", "--full-resync-list-share", v])
-                .map(|c| c.full_resync_list_share)
+            Config::try_parse_from(["endpoints-guard", "--paced-list-share", v])
+                .map(|c| c.paced_list_share)
         };
         assert_eq!(parse("1").ok(), Some(1.0));
         assert_eq!(parse("0.01").ok(), Some(0.01));

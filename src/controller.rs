@@ -33,7 +33,7 @@ struct Watching<'a> {
     /// Objects per LIST page.
     page_limit: u32,
     /// The share of the time a scheduled full resync's pages take.
-    full_resync_list_share: f64,
+    paced_list_share: f64,
     wire: Wire,
     observer: Arc<dyn WatchObserver>,
     shutdown: &'a signal::Receiver<bool>,
@@ -58,7 +58,7 @@ impl KindVisitor for Watching<'_> {
             .on_change(on_change)
             .observer(self.observer.clone())
             .page_limit(self.page_limit)
-            .resync_list_share(self.full_resync_list_share);
+            .resync_list_share(self.paced_list_share);
         if self.wire == Wire::Protobuf
             && let Some(decode) = K::protobuf()
         {
@@ -185,7 +185,7 @@ pub async fn start(
         ctx: &ctx,
         namespace: cfg.namespace.as_deref(),
         page_limit: cfg.list_page_size,
-        full_resync_list_share: cfg.full_resync_list_share,
+        paced_list_share: cfg.paced_list_share,
         wire: cfg.wire,
         observer: metrics.clone(),
         shutdown: &shutdown,
@@ -197,7 +197,7 @@ pub async fn start(
     let resync = resync::Timing {
         interval: cfg.resync_interval,
         full_interval: cfg.full_resync_interval,
-        full_list_share: cfg.full_resync_list_share,
+        paced_list_share: cfg.paced_list_share,
     };
     let ghost_scan = ghost_scan::Pace {
         qps: cfg.ghost_scan_qps,
@@ -246,6 +246,7 @@ pub async fn start(
             ghost_scan::CompactionAudit {
                 every: cfg.compaction_audit_interval,
                 page_size: cfg.list_page_size,
+                list_share: cfg.paced_list_share,
                 full_every: cfg.compaction_audit_full_every,
             },
             shutdown_main.clone(),

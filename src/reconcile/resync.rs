@@ -49,9 +49,9 @@ pub struct Timing {
     pub interval: Duration,
     /// `--full-resync-interval`.
     pub full_interval: Duration,
-    /// `--full-resync-list-share`: the share of the time a scheduled full
+    /// `--paced-list-share`: the share of the time a scheduled full
     /// resync's pages take.
-    pub full_list_share: f64,
+    pub paced_list_share: f64,
 }
 
 impl Timing {
@@ -74,9 +74,9 @@ impl Timing {
     /// [`PACED_LIST_TIMEOUT`].
     pub fn list_timeout(&self, depth: Depth) -> Duration {
         match depth {
-            Depth::Paced if self.full_list_share > 0.0 && self.full_list_share < 1.0 => {
+            Depth::Paced if self.paced_list_share > 0.0 && self.paced_list_share < 1.0 => {
                 LIST_TIMEOUT
-                    .mul_f64(1.0 / self.full_list_share)
+                    .mul_f64(1.0 / self.paced_list_share)
                     .min(PACED_LIST_TIMEOUT)
             }
             _ => LIST_TIMEOUT,
@@ -344,7 +344,7 @@ mod tests {
         let timing = Timing {
             interval: secs(90),
             full_interval: secs(1800),
-            full_list_share: 0.05,
+            paced_list_share: 0.05,
         };
         assert_eq!(timing.depth(false, secs(90)), Depth::Counts);
         assert_eq!(timing.depth(false, secs(1799)), Depth::Counts);
@@ -360,13 +360,13 @@ mod tests {
         // Only a paced list waits longer, by its share.
         assert_eq!(timing.list_timeout(Depth::Paced), secs(600));
         let half = Timing {
-            full_list_share: 0.5,
+            paced_list_share: 0.5,
             ..timing
         };
         assert_eq!(half.list_timeout(Depth::Paced), secs(240));
         assert_eq!(timing.list_timeout(Depth::Full), secs(120));
         let unpaced = Timing {
-            full_list_share: 1.0,
+            paced_list_share: 1.0,
             ..timing
         };
         assert_eq!(unpaced.list_timeout(Depth::Paced), secs(120));

@@ -172,7 +172,7 @@ impl<T: Cached> WatchCore<T> {
     /// The share of the time a paced resync's pages take, when it lists
     /// beside the open watch (see `WatcherBuilder::resync_list_share`).
     pub fn pace_resync_lists(&mut self, share: f64) {
-        self.beside_pace.share = super::core_beside::Pace::valid_share(share);
+        self.beside_pace.share = crate::pace::valid_share(share);
     }
 
     /// Records when the next input (a watch line, a list page, a live read's

@@ -102,27 +102,13 @@ impl Default for Pace {
 }
 
 impl Pace {
-    /// The longest pause after one page: a page that took very long says
-    /// the server is slow, not that the resync should stall for minutes.
-    const LONGEST_PAUSE: Duration = Duration::from_secs(30);
-
-    /// `share`, or 1 (no pause) where it is not in (0, 1].
-    pub fn valid_share(share: f64) -> f64 {
-        if share > 0.0 && share <= 1.0 {
-            share
-        } else {
-            1.0
-        }
-    }
-
-    /// The pause after a page that took `took`: so long that pages take
-    /// `share` of the time (none when not paced).
+    /// The pause after a page that took `took` (none when not paced): see
+    /// [`crate::pace::pause_after`].
     pub fn pause_after(&self, took: Duration) -> Duration {
-        if !self.paced || self.share >= 1.0 {
+        if !self.paced {
             return Duration::ZERO;
         }
-        took.mul_f64(1.0 / self.share - 1.0)
-            .min(Self::LONGEST_PAUSE)
+        crate::pace::pause_after(took, self.share)
     }
 }
 

@@ -20,6 +20,7 @@ pub mod live;
 mod machine;
 mod object;
 mod observer;
+pub mod pace;
 mod protobuf;
 mod reason;
 mod rv;

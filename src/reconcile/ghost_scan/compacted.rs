@@ -56,6 +56,10 @@ pub struct CompactionAudit {
     /// Every how many compaction revisions a kind is listed in full even
     /// when the counts agree (`--compaction-audit-full-every`; 1: at each).
     pub full_every: u32,
+    /// The share of the time that scheduled listing's pages take
+    /// (`--paced-list-share`); a listing for counts that differ is not
+    /// paced.
+    pub list_share: f64,
 }
 
 /// When the audit runs and what it found last, per kind.
@@ -63,6 +67,7 @@ pub(super) struct Audit {
     every: Duration,
     page_size: u32,
     full_every: u32,
+    list_share: f64,
     next: Instant,
     /// The compaction revision each kind was last audited at.
     listed_at: HashMap<Kind, u64>,
@@ -80,11 +85,13 @@ impl Audit {
             every,
             page_size,
             full_every,
+            list_share,
         } = config;
         (!every.is_zero()).then(|| Self {
             every,
             page_size: page_size.max(1),
             full_every: full_every.max(1),
+            list_share,
             next: Instant::now() + every,
             listed_at: HashMap::new(),
             counted_since_full: HashMap::new(),
@@ -115,7 +122,12 @@ impl Audit {
             let last = self.listed_at.get(&kind).copied();
             let counted = self.counted_since_full.get(&kind).copied().unwrap_or(0);
             let may_count = counted + 1 < self.full_every;
-            let result = per_kind!(kind, listing(ctx, last, self.page_size, may_count).await);
+            let pages = Pages {
+                size: self.page_size,
+                // Listed because it is due, not because the counts differ.
+                share: if may_count { 1.0 } else { self.list_share },
+            };
+            let result = per_kind!(kind, listing(ctx, last, pages, may_count).await);
             let resource = kind.resource();
             let label = match result {
                 Ok(Audited::Unchanged) => AuditResult::Unchanged,
@@ -285,13 +297,23 @@ async fn list_meta<K: kinds::Kind>(
     }
 }
 
+/// How a listing asks for its pages.
+#[derive(Clone, Copy, Debug)]
+struct Pages {
+    /// Items per page.
+    size: u32,
+    /// The share of the time its pages take (1: back to back; see
+    /// [`hardened_watcher::pace`]).
+    share: f64,
+}
+
 /// The audit at the compaction revision when it moved past `last`: the
 /// counts compared when `may_count`, the listing when they differ or may
 /// not be compared.
 async fn listing<K: kinds::Kind>(
     ctx: &Context,
     last: Option<u64>,
-    page_size: u32,
+    pages: Pages,
     may_count: bool,
 ) -> Result<Audited, AuditError> {
     if let Some(last) = last
@@ -343,7 +365,8 @@ async fn listing<K: kinds::Kind>(
         let from = token
             .as_deref()
             .map_or(PageFrom::Exactly(&at), PageFrom::Continue);
-        let page = match list_meta::<K>(ctx, page_size, from).await? {
+        let asked = Instant::now();
+        let page = match list_meta::<K>(ctx, pages.size, from).await? {
             Exact::Page(page) => page,
             // Compacted again meanwhile: the next period lists the new one.
             Exact::Compacted => return Ok(Audited::Unchanged),
@@ -355,6 +378,10 @@ async fn listing<K: kinds::Kind>(
         token = page.continue_token;
         if token.is_none() {
             break;
+        }
+        let pause = hardened_watcher::pace::pause_after(asked.elapsed(), pages.share);
+        if !pause.is_zero() {
+            tokio::time::sleep(pause).await;
         }
     }
     Ok(Audited::Listed(Listing {
