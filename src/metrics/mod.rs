@@ -343,7 +343,9 @@ impl Metrics {
             resync_duration: Histogram::with_opts(hist(
                 "resync_duration_seconds",
                 "Duration of one resync: count checks, and full lists where due.",
-                prometheus::exponential_buckets(0.01, 2.0, 14)?,
+                // Up to 5.5 minutes: a paced full resync lasts about
+                // 1 / --paced-list-share times its pages' time.
+                prometheus::exponential_buckets(0.01, 2.0, 16)?,
             ))?,
             resync_failures: IntCounter::with_opts(opts(
                 "resync_failures_total",
