@@ -364,6 +364,9 @@ async fn periodic(ctx: Arc<Context>, timing: resync::Timing, mut shutdown: signa
         interval
     };
     let mut ticker = tokio::time::interval(tick);
+    // A resync longer than the interval (a paced full one at 100,000 pods)
+    // is followed by the interval, not by the ticks it missed at once.
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticker.tick().await;
     let mut leader = ctx.leader.clone();
     leader.mark_unchanged();

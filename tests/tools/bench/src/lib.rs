@@ -868,18 +868,28 @@ impl Bench {
 
     /// Flips `rate` pods a second for the churn duration.
     async fn churn(&self) -> Result<Flipped> {
-        self.flip_pods(self.churn_total(), false, &AtomicBool::new(false))
-            .await
+        self.flip_pods(
+            self.churn_total(),
+            false,
+            &AtomicBool::new(false),
+            f64::from(self.opts.churn_rate.max(1)),
+        )
+        .await
     }
 
     /// Flips `rate` pods a second, `total` at most, fewer if `stop` turns
     /// true first: pod `k` in turn, to not ready (`to_ready` false: churn)
     /// or back to Ready (`to_ready` true, the pods churn left not ready);
     /// past the last pod the other way.
-    async fn flip_pods(&self, total: u64, to_ready: bool, stop: &AtomicBool) -> Result<Flipped> {
-        let rate = self.opts.churn_rate.max(1);
+    async fn flip_pods(
+        &self,
+        total: u64,
+        to_ready: bool,
+        stop: &AtomicBool,
+        rate: f64,
+    ) -> Result<Flipped> {
         let pods = &self.workload.pods;
-        let mut ticker = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(rate)));
+        let mut ticker = tokio::time::interval(Duration::from_secs_f64(1.0 / rate.max(0.01)));
         let limit = Arc::new(Semaphore::new(32));
         let mut tasks = JoinSet::new();
         let mut sent = 0;
@@ -925,10 +935,16 @@ impl Bench {
     /// resync's window ends at the metrics scrape that counted it (scraped
     /// every 100 ms) and starts its duration earlier, less one scrape
     /// period: a flip sent just after a resync may count as during it.
+    ///
+    /// The flips are spread over the resyncs expected (each about as long
+    /// as the first, `first_s`, then the interval): a paced full resync
+    /// lasts minutes at 100,000 pods, and flips at the churn rate would all
+    /// fall into the first.
     async fn churn_through_resyncs(
         &self,
         r: &controllers::Running,
         interval: Duration,
+        first_s: f64,
     ) -> Result<ResyncChurn> {
         let obs = self.obs()?.clone();
         drop(obs.take_flips());
@@ -938,8 +954,13 @@ impl Bench {
             stop.store(true, Ordering::Relaxed);
             windows
         };
-        let (flipped, windows) =
-            tokio::join!(self.flip_pods(self.churn_total(), true, &stop), windows);
+        let expected_s = RESYNCS_UNDER_CHURN as f64 * (first_s + interval.as_secs_f64());
+        let rate =
+            (self.churn_total() as f64 / expected_s).min(f64::from(self.opts.churn_rate.max(1)));
+        let (flipped, windows) = tokio::join!(
+            self.flip_pods(self.churn_total(), true, &stop, rate),
+            windows
+        );
         let Flipped { failed, writes, .. } = flipped?;
         let windows = windows?;
         let _ = obs
@@ -1016,7 +1037,7 @@ impl Bench {
             "{} endpoints-guard: pods flipped through {RESYNCS_UNDER_CHURN} resyncs",
             self.kind.objects()
         ));
-        let churn = self.churn_through_resyncs(&r, interval).await?;
+        let churn = self.churn_through_resyncs(&r, interval, duration_s).await?;
         let shown = |v: Option<f64>| v.map_or("—".into(), |v| format!("{v:.1}"));
         log(&format!(
             "{} endpoints-guard: churn p99 during a resync {} ms ({} flips), outside {} ms ({} flips); \
