@@ -73,6 +73,9 @@ pub(super) struct Audit {
     listed_at: HashMap<Kind, u64>,
     /// Revisions each kind was counted at since it was last listed in full.
     counted_since_full: HashMap<Kind, u32>,
+    /// The kinds whose paced listing etcd compacted past before it ended:
+    /// their next listing is not paced, or it might never end.
+    unpaced: HashSet<Kind>,
     /// The kinds whose last audit failed: a failure is logged when it
     /// starts, and again when it ends.
     failing: HashSet<Kind>,
@@ -95,6 +98,7 @@ impl Audit {
             next: Instant::now() + every,
             listed_at: HashMap::new(),
             counted_since_full: HashMap::new(),
+            unpaced: HashSet::new(),
             failing: HashSet::new(),
         })
     }
@@ -122,15 +126,28 @@ impl Audit {
             let last = self.listed_at.get(&kind).copied();
             let counted = self.counted_since_full.get(&kind).copied().unwrap_or(0);
             let may_count = counted + 1 < self.full_every;
+            // Paced only when listed because it is due, not because the
+            // counts differ.
+            let paced = !may_count && !self.unpaced.contains(&kind);
             let pages = Pages {
                 size: self.page_size,
-                // Listed because it is due, not because the counts differ.
-                share: if may_count { 1.0 } else { self.list_share },
+                share: if paced { self.list_share } else { 1.0 },
             };
             let result = per_kind!(kind, listing(ctx, last, pages, may_count).await);
             let resource = kind.resource();
             let label = match result {
                 Ok(Audited::Unchanged) => AuditResult::Unchanged,
+                Ok(Audited::Overtaken) => {
+                    debug!(
+                        resource,
+                        paced,
+                        "compaction audit: etcd compacted again while listing; the next revision is listed"
+                    );
+                    if paced {
+                        self.unpaced.insert(kind);
+                    }
+                    AuditResult::Unchanged
+                }
                 Ok(Audited::Counted { revision, count }) => {
                     debug!(
                         resource,
@@ -153,6 +170,7 @@ impl Audit {
                 Ok(Audited::Listed(listing)) => {
                     self.listed_at.insert(kind, listing.revision);
                     self.counted_since_full.insert(kind, 0);
+                    self.unpaced.remove(&kind);
                     for _ in 0..listing.unreadable {
                         ctx.metrics.undecodable(resource);
                     }
@@ -215,6 +233,9 @@ enum Audited {
     Deferred { revision: u64 },
     /// Listed in full at the new compaction revision.
     Listed(Listing),
+    /// etcd was compacted again while the revision was listed: the next
+    /// revision is listed instead.
+    Overtaken,
 }
 
 /// The objects' metadata at a compaction revision.
@@ -369,7 +390,7 @@ async fn listing<K: kinds::Kind>(
         let page = match list_meta::<K>(ctx, pages.size, from).await? {
             Exact::Page(page) => page,
             // Compacted again meanwhile: the next period lists the new one.
-            Exact::Compacted => return Ok(Audited::Unchanged),
+            Exact::Compacted => return Ok(Audited::Overtaken),
         };
         for (key, meta) in page.items {
             objects.insert(key, (meta.uid, meta.resource_version));
