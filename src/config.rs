@@ -165,7 +165,7 @@ pub struct Config {
     /// it serves pages back to back). 1: no pause. Lists that a count
     /// check, deletion candidates, an election or counts that differ call
     /// for are never paced.
-    #[arg(long, env = "EG_PACED_LIST_SHARE", default_value_t = 0.05, value_parser = parse_share)]
+    #[arg(long, env = "EG_PACED_LIST_SHARE", default_value_t = 0.05, value_parser = |text: &str| SHARE.parse(text))]
     pub paced_list_share: f64,
 
     /// How long to keep trying to reach the API server at start-up before giving up.
@@ -195,7 +195,7 @@ pub struct Config {
     /// passes off (what the compaction audit finds is still read). The resync finds such ghosts within minutes where kube-apiserver
     /// checks its watch cache (--resync-interval); the scan also finds them
     /// where it does not, and before it does (docs/ghosts.md).
-    #[arg(long, env = "EG_GHOST_SCAN_QPS", default_value_t = 5.0, value_parser = parse_qps)]
+    #[arg(long, env = "EG_GHOST_SCAN_QPS", default_value_t = 5.0, value_parser = |text: &str| READS_QPS.parse(text))]
     pub ghost_scan_qps: f64,
 
     /// One ghost-scan pass over all those objects is spread over this long
@@ -233,7 +233,7 @@ pub struct Config {
     /// Client-side limit of requests a second to the API server (as
     /// kube-controller-manager's flag of the same name); 0, the default: no
     /// client-side limit, the API server's priority and fairness decides.
-    #[arg(long, env = "EG_KUBE_API_QPS", default_value_t = 0.0, value_parser = parse_api_qps)]
+    #[arg(long, env = "EG_KUBE_API_QPS", default_value_t = 0.0, value_parser = |text: &str| API_QPS.parse(text))]
     pub kube_api_qps: f64,
 
     /// Requests allowed at once above --kube-api-qps before the limit holds
@@ -453,44 +453,43 @@ impl Config {
     }
 }
 
+/// A number flag's allowed values: its range, what it is (for text that is
+/// no number) and what to use instead of a number out of range.
+struct Bounded(std::ops::RangeInclusive<f64>, &'static str, &'static str);
+
+impl Bounded {
+    fn parse(&self, text: &str) -> Result<f64, String> {
+        let Bounded(range, what, usage) = self;
+        let value: f64 = text
+            .trim()
+            .parse()
+            .map_err(|_| format!("{text:?} is not {what}"))?;
+        if !range.contains(&value) {
+            return Err(format!("{value}: {usage}"));
+        }
+        Ok(value)
+    }
+}
+
 /// The API client's requests a second: 0 (no limit) to 10,000.
-fn parse_api_qps(text: &str) -> Result<f64, String> {
-    let value: f64 = text
-        .trim()
-        .parse()
-        .map_err(|_| format!("{text:?} is not a number of requests per second"))?;
-    if !(0.0..=10_000.0).contains(&value) {
-        return Err(format!(
-            "{value} requests per second: use 0 (no limit) to 10000"
-        ));
-    }
-    Ok(value)
-}
-
+const API_QPS: Bounded = Bounded(
+    0.0..=10_000.0,
+    "a number of requests per second",
+    "requests per second, use 0 (no limit) to 10000",
+);
 /// A reads-per-second budget: 0 to 1000.
-fn parse_qps(text: &str) -> Result<f64, String> {
-    let value: f64 = text
-        .trim()
-        .parse()
-        .map_err(|_| format!("{text:?} is not a number of reads per second"))?;
-    if !(0.0..=1000.0).contains(&value) {
-        return Err(format!("{value} reads per second: use 0 (off) to 1000"));
-    }
-    Ok(value)
-}
-
+const READS_QPS: Bounded = Bounded(
+    0.0..=1000.0,
+    "a number of reads per second",
+    "reads per second, use 0 (off) to 1000",
+);
 /// A share of the time: 0.01 to 1 (below a hundredth a full resync at
 /// 100,000 pods would outlast the compaction of the revision it lists at).
-fn parse_share(text: &str) -> Result<f64, String> {
-    let value: f64 = text
-        .trim()
-        .parse()
-        .map_err(|_| format!("{text:?} is not a share of the time (e.g. 0.05)"))?;
-    if !(0.01..=1.0).contains(&value) {
-        return Err(format!("{value}: use a share from 0.01 to 1 (1: no pause)"));
-    }
-    Ok(value)
-}
+const SHARE: Bounded = Bounded(
+    0.01..=1.0,
+    "a share of the time (e.g. 0.05)",
+    "use a share from 0.01 to 1 (1: no pause)",
+);
 
 /// Parses a Go duration, as kube-controller-manager's flags take them: a
 /// sequence of decimal numbers, each with an optional fraction and a unit
