@@ -388,3 +388,19 @@ fn only_a_paced_resync_pauses() {
     };
     assert_eq!(unpaced.pause_after(ms(10)), Duration::ZERO);
 }
+
+/// A paced resync asked for while no watch is open lists as any relist
+/// does: a list the watch waits for is never paced.
+#[test]
+fn a_paced_resync_without_an_open_watch_lists_at_once() {
+    let mut h = Harness::synced_with(vec![obj("a", "ua", "100"), obj("gone", "ug", "110")], "200");
+    h.core.pace_resync_lists(0.05);
+    let (reply, mut answer) = tokio::sync::oneshot::channel();
+    assert!(h.core.on_request(Request::PacedResync(reply)));
+    h.expect_resync_list("300");
+    h.page(vec![obj("a", "ua", "100")], Some("c1"), "300");
+    h.expect_list(Some("c1"));
+    h.page(vec![], None, "300");
+    assert_eq!(h.deletion_candidates(), vec![key("gone")]);
+    assert!(answer.try_recv().is_ok());
+}
