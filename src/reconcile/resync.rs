@@ -74,11 +74,9 @@ impl Timing {
     /// [`PACED_LIST_TIMEOUT`].
     pub fn list_timeout(&self, depth: Depth) -> Duration {
         match depth {
-            Depth::Paced if self.paced_list_share > 0.0 && self.paced_list_share < 1.0 => {
-                LIST_TIMEOUT
-                    .mul_f64(1.0 / self.paced_list_share)
-                    .min(PACED_LIST_TIMEOUT)
-            }
+            Depth::Paced => LIST_TIMEOUT
+                .mul_f64(1.0 / hardened_watcher::pace::valid_share(self.paced_list_share))
+                .min(PACED_LIST_TIMEOUT),
             _ => LIST_TIMEOUT,
         }
     }
