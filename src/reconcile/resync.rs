@@ -165,7 +165,8 @@ async fn resync_kind<K: Kind>(
     })
 }
 
-/// A full relist of one kind's watcher, `paced` or at once.
+/// A full relist of one kind's watcher: `paced`, waited for `timeout`, or at
+/// once, waited for [`LIST_TIMEOUT`].
 async fn relist<K: Kind>(
     store: &hardened_watcher::Store<K::Cached>,
     paced: bool,
@@ -174,7 +175,7 @@ async fn relist<K: Kind>(
     let resynced = if paced {
         tokio::time::timeout(timeout, store.resync_paced()).await
     } else {
-        tokio::time::timeout(LIST_TIMEOUT.min(timeout), store.resync()).await
+        tokio::time::timeout(LIST_TIMEOUT, store.resync()).await
     };
     match resynced {
         Ok(report) => report.map_err(Error::from),
