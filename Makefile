@@ -149,9 +149,12 @@ bench: controlplane
 
 # Every scenario on a fresh control plane, once per controller, both behind watch-chaos;
 # writes target/chaos/report.json and target/chaos/report.md (make test runs a fast
-# subset); then ten minutes of pod churn that must leave no tombstones behind.
+# subset); then the overload row on the highly available control plane, both
+# controllers side by side (target/chaos/overload.json); then ten minutes of pod churn
+# that must leave no tombstones behind.
 chaos: controlplane haproxy
 	EG_CHAOS=full $(CARGO) test --test e2e -- --nocapture chaos::
+	EG_CHAOS=full $(CARGO) test --test e2e -- --nocapture pressure::
 	EG_CHURN_SECONDS=600 $(CARGO) test --test e2e -- --nocapture --exact store::tombstones_stay_bounded_under_pod_churn
 
 # The soak (issue 15): endpoints-guard (release binary, both controllers, enforce mode)
