@@ -162,7 +162,9 @@ pub struct Config {
     /// waits as long as the page took × (1/share − 1), the watches applying
     /// events meanwhile, so that a change made during it is answered as
     /// fast as outside one (kube-apiserver answers every client slower while
-    /// it serves pages back to back). 1: no pause. Lists that a count
+    /// it serves pages back to back); the pauses shrink so that a list ends
+    /// within 4 minutes, before etcd compacts the revision it lists. 1: no
+    /// pause. Lists that a count
     /// check, deletion candidates, an election or counts that differ call
     /// for are never paced.
     #[arg(long, env = "EG_PACED_LIST_SHARE", default_value_t = 0.05, value_parser = |text: &str| SHARE.parse(text))]

@@ -90,6 +90,8 @@ pub(super) struct Pace {
     pub paced: bool,
     /// The share of the time its pages may take, in (0, 1].
     pub share: f64,
+    /// How long this resync's list has run: its pages and pauses so far.
+    pub spent: Duration,
 }
 
 impl Default for Pace {
@@ -97,18 +99,24 @@ impl Default for Pace {
         Self {
             paced: false,
             share: 1.0,
+            spent: Duration::ZERO,
         }
     }
 }
 
 impl Pace {
-    /// The pause after a page that took `took` (none when not paced): see
-    /// [`crate::pace::pause_after`].
-    pub fn pause_after(&self, took: Duration) -> Duration {
+    /// The pause after a page that took `took`, with `pages_left` pages
+    /// still to come when the server counted them (none when not paced):
+    /// see [`crate::pace::pause_within_span`]. Counts the page and the
+    /// pause into the time spent.
+    pub fn pause_after(&mut self, took: Duration, pages_left: Option<u64>) -> Duration {
+        self.spent += took;
         if !self.paced {
             return Duration::ZERO;
         }
-        crate::pace::pause_after(took, self.share)
+        let pause = crate::pace::pause_within_span(took, self.share, self.spent, pages_left);
+        self.spent += pause;
+        pause
     }
 }
 
@@ -118,6 +126,7 @@ impl<T: Cached> WatchCore<T> {
         debug!(paced, "resync listing beside the open watch");
         self.beside = Some(Beside::Probe);
         self.beside_pace.paced = paced;
+        self.beside_pace.spent = Duration::ZERO;
         self.exact = ExactResync::Unasked;
     }
 
@@ -220,8 +229,10 @@ impl<T: Cached> WatchCore<T> {
             Err(err) => {
                 if let Some(retry_after) = super::core::throttled(&err) {
                     warn!(error = %err, ?retry_after, "resync list page throttled; asking for the same page again after the server's pause");
+                    let delay = retry_after.clamp(Duration::from_secs(1), Duration::from_secs(60));
+                    self.beside_pace.spent += took + delay;
                     self.beside = Some(Beside::Pause {
-                        delay: retry_after.clamp(Duration::from_secs(1), Duration::from_secs(60)),
+                        delay,
                         continue_token: asked,
                     });
                     return false;
@@ -235,7 +246,9 @@ impl<T: Cached> WatchCore<T> {
         }
         if let Some(token) = page.continue_token.filter(|token| !token.is_empty()) {
             let continue_token = Some(token);
-            let pause = self.beside_pace.pause_after(took);
+            let pages_left =
+                crate::pace::pages_for(page.remaining_item_count, self.machine.page_limit());
+            let pause = self.beside_pace.pause_after(took, pages_left);
             self.beside = Some(if pause.is_zero() {
                 Beside::Page { continue_token }
             } else {

@@ -372,21 +372,28 @@ fn an_urgent_resync_lifts_the_pauses_of_a_paced_one() {
     assert_eq!(h.core.beside_step(), Some(next_page("c1")));
 }
 
-/// A resync that is not paced never pauses, whatever the share.
+/// A resync that is not paced never pauses, whatever the share; a paced
+/// one counts its pages and pauses, and fits the pages left into the span.
 #[test]
 fn only_a_paced_resync_pauses() {
     use crate::core_beside::Pace;
+    use crate::pace::PACED_LIST_SPAN;
     let ms = Duration::from_millis;
-    let paced = Pace {
+    let mut paced = Pace {
         paced: true,
         share: 0.1,
+        spent: Duration::ZERO,
     };
-    assert_eq!(paced.pause_after(ms(10)), ms(90));
-    let unpaced = Pace {
+    assert_eq!(paced.pause_after(ms(10), Some(3)), ms(90));
+    assert_eq!(paced.spent, ms(100));
+    paced.spent = PACED_LIST_SPAN - ms(100);
+    assert_eq!(paced.pause_after(ms(10), Some(3)), ms(20));
+    let mut unpaced = Pace {
         paced: false,
         share: 0.1,
+        spent: Duration::ZERO,
     };
-    assert_eq!(unpaced.pause_after(ms(10)), Duration::ZERO);
+    assert_eq!(unpaced.pause_after(ms(10), Some(3)), Duration::ZERO);
 }
 
 /// A paced resync asked for while no watch is open lists as any relist

@@ -382,6 +382,7 @@ async fn listing<K: kinds::Kind>(
     let mut objects = HashMap::new();
     let mut unreadable = 0;
     let mut token: Option<String> = None;
+    let started = Instant::now();
     loop {
         let from = token
             .as_deref()
@@ -400,7 +401,14 @@ async fn listing<K: kinds::Kind>(
         if token.is_none() {
             break;
         }
-        let pause = hardened_watcher::pace::pause_after(asked.elapsed(), pages.share);
+        // The pages are not counted here: the pauses stop once the span
+        // is spent, before etcd compacts the revision listed.
+        let pause = hardened_watcher::pace::pause_within_span(
+            asked.elapsed(),
+            pages.share,
+            started.elapsed(),
+            None,
+        );
         if !pause.is_zero() {
             tokio::time::sleep(pause).await;
         }
