@@ -82,20 +82,14 @@ fn program_in(dir: &Path, name: &str) -> Result<PathBuf> {
 pub const WATCH_CHAOS_ENV: &str = "EG_WATCH_CHAOS";
 
 /// The watch-chaos binary (crate `crates/watch-chaos`): `$EG_WATCH_CHAOS`,
-/// else the one built beside the running test, in `target/<profile>/`
-/// (`make test` builds it; so does `cargo build -p watch-chaos`).
+/// else the one beside the running test, in `target/<profile>/`, built as
+/// [`endpoints_guard`] is.
 pub fn watch_chaos() -> Result<PathBuf> {
     if let Some(path) = std::env::var_os(WATCH_CHAOS_ENV).filter(|p| !p.is_empty()) {
         return Ok(PathBuf::from(path));
     }
-    let path = profile_dir()?.join("watch-chaos");
-    if !path.is_file() {
-        bail!(
-            "{} is missing: build it with `cargo build -p watch-chaos` (make test does), or name it with {WATCH_CHAOS_ENV}",
-            path.display()
-        );
-    }
-    Ok(path)
+    static BUILT: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
+    built_once(&BUILT, "watch-chaos")
 }
 
 /// The endpoints-guard binary the end-to-end tests run:
@@ -106,8 +100,17 @@ pub fn watch_chaos() -> Result<PathBuf> {
 /// binary older than the sources (a no-op when it is up to date).
 pub fn endpoints_guard() -> Result<PathBuf> {
     static BUILT: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
-    BUILT
-        .get_or_init(|| build_endpoints_guard().map_err(|err| format!("{err:#}")))
+    built_once(&BUILT, "endpoints-guard")
+}
+
+/// The binary `name` of the package `name`, built by the first call in this
+/// test process (`built` remembers the outcome).
+fn built_once(
+    built: &OnceLock<std::result::Result<PathBuf, String>>,
+    name: &str,
+) -> Result<PathBuf> {
+    built
+        .get_or_init(|| build_in_test_profile(name).map_err(|err| format!("{err:#}")))
         .clone()
         .map_err(anyhow::Error::msg)
 }
@@ -122,7 +125,9 @@ fn profile_dir() -> Result<PathBuf> {
         .context("the running test has no target/<profile> folder above it")
 }
 
-fn build_endpoints_guard() -> Result<PathBuf> {
+/// Runs `cargo build -p <name> --bin <name>` in the running test's profile
+/// and returns the binary's path.
+fn build_in_test_profile(name: &str) -> Result<PathBuf> {
     let profile_dir = profile_dir()?;
     let profile = profile_dir
         .file_name()
@@ -133,8 +138,8 @@ fn build_endpoints_guard() -> Result<PathBuf> {
     // What cargo sets for the running test's package: some build scripts
     // (ring's) ask to run again when it changes, so the build would redo them
     // each time, and the next `cargo test` after it.
-    for (name, _) in std::env::vars_os() {
-        let name = name.to_string_lossy();
+    for (var, _) in std::env::vars_os() {
+        let var = var.to_string_lossy();
         let per_package = [
             "CARGO_MANIFEST_",
             "CARGO_PKG_",
@@ -142,19 +147,15 @@ fn build_endpoints_guard() -> Result<PathBuf> {
             "CARGO_CRATE_",
         ]
         .iter()
-        .any(|prefix| name.starts_with(prefix))
-            || ["CARGO_PRIMARY_PACKAGE", "CARGO_TARGET_TMPDIR", "OUT_DIR"].contains(&name.as_ref());
+        .any(|prefix| var.starts_with(prefix))
+            || ["CARGO_PRIMARY_PACKAGE", "CARGO_TARGET_TMPDIR", "OUT_DIR"].contains(&var.as_ref());
         if per_package {
-            build.env_remove(name.as_ref());
+            build.env_remove(var.as_ref());
         }
     }
-    build.current_dir(workspace_root()?).args([
-        "build",
-        "-p",
-        "endpoints-guard",
-        "--bin",
-        "endpoints-guard",
-    ]);
+    build
+        .current_dir(workspace_root()?)
+        .args(["build", "-p", name, "--bin", name]);
     match profile {
         "debug" => {}
         "release" => {
@@ -164,18 +165,13 @@ fn build_endpoints_guard() -> Result<PathBuf> {
             build.args(["--profile", other]);
         }
     }
-    let status = build.status().with_context(|| {
-        format!(
-            "running {} to build endpoints-guard",
-            cargo.to_string_lossy()
-        )
-    })?;
+    let status = build
+        .status()
+        .with_context(|| format!("running {} to build {name}", cargo.to_string_lossy()))?;
     if !status.success() {
-        bail!(
-            "`cargo build -p endpoints-guard --bin endpoints-guard` ({profile}) failed: {status}"
-        );
+        bail!("`cargo build -p {name} --bin {name}` ({profile}) failed: {status}");
     }
-    let path = profile_dir.join("endpoints-guard");
+    let path = profile_dir.join(name);
     if !path.is_file() {
         bail!("{} is missing after the build", path.display());
     }
