@@ -329,6 +329,41 @@ fn a_paced_resync_pauses_between_pages_while_events_apply() {
     assert!(answer.try_recv().is_ok());
 }
 
+/// A paced resync of many pages (the server counts what is left) pauses
+/// less, so that it ends within the span; the next resync starts its span
+/// afresh.
+#[test]
+fn a_paced_resync_of_many_pages_fits_them_into_the_span() {
+    use crate::pace::PACED_LIST_SPAN;
+    let mut h = Harness::synced_with(vec![obj("a", "ua", "100")], "200");
+    h.core.pace_resync_lists(0.05);
+    h.core.on_watch_started();
+    let took = Duration::from_millis(100);
+    let limit = u64::from(h.core.machine.page_limit());
+    for round in 0..2 {
+        let (reply, mut answer) = tokio::sync::oneshot::channel();
+        assert!(!h.core.on_request(Request::PacedResync(reply)));
+        assert_eq!(h.core.beside_step(), Some(BesideStep::Probe));
+        assert!(!h.core.on_beside_probe(Ok("300".into())));
+        h.core.beside_step();
+        // 999 pages left of 100 ms each, alone 99.9 s of the span's 240 s.
+        let mut first = page(vec![obj("a", "ua", "100")], Some("c1"), "300");
+        first.remaining_item_count = Some(i64::try_from(999 * limit).unwrap_or(i64::MAX));
+        h.core.on_beside_page(Ok(first), took);
+        let Some(BesideStep::Pause(pause)) = h.core.beside_step() else {
+            panic!("round {round}: a paced resync pauses after its first page");
+        };
+        let fits = (PACED_LIST_SPAN - took) / 999 - took;
+        assert_eq!(pause, fits, "round {round}");
+        assert!(pause < crate::pace::pause_after(took, 0.05));
+        h.core.on_beside_pause_elapsed();
+        h.core.beside_step();
+        h.core
+            .on_beside_page(Ok(page(vec![obj("a", "ua", "100")], None, "300")), took);
+        assert!(answer.try_recv().is_ok(), "round {round}");
+    }
+}
+
 /// A resync asked for while a paced one lists (something suggests the
 /// cache is wrong) joins it and lifts its pauses; a resync that is not
 /// paced never pauses, whatever the share.
