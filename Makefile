@@ -69,9 +69,10 @@ unit-test: toolchain
 
 # The end-to-end tests run the watch-chaos binary of crates/watch-chaos and the
 # controller binary, both built first (the suite would build each itself, inside
-# the first test that runs it, as `make chaos` and `make parity` leave it to). The hardened-watcher crate's own tests find a
-# real API server through HARDENED_WATCHER_TEST_KUBECONFIG (they skip without
-# it): eg-with-controlplane starts one and sets it.
+# the first test that runs it, as `make chaos` and `make parity` leave it to).
+# The hardened-watcher crate's own tests find a real API server through
+# HARDENED_WATCHER_TEST_KUBECONFIG (they skip without it): eg-with-controlplane
+# starts one and sets it.
 e2e-test: controlplane haproxy
 	$(CARGO) build -p watch-chaos --bins
 	$(CARGO) build -p endpoints-guard --bin endpoints-guard
