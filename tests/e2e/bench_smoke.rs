@@ -1,8 +1,9 @@
 //! `make bench` in brief, inside `make test`: size S (100 Services × 1,000
-//! pods), endpoints-guard and kube-controller-manager (default client
-//! limits), for Endpoints and then EndpointSlices on the same control
-//! plane, 10 s of churn at 10 pods/s, 5 s steady, one resync and nine more
-//! under churn, and endpoints-guard's ghost phase for Endpoints. Before the
+//! pods), endpoints-guard (two replicas, as the chart runs it) and
+//! kube-controller-manager (default client limits), for Endpoints and then
+//! EndpointSlices on the same control plane, 10 s of churn at 10 pods/s,
+//! 5 s steady, one resync and nine more under churn, and endpoints-guard's
+//! ghost phase for Endpoints. Before the
 //! controllers, the control plane runs 8 minutes with none: what each adds
 //! is measured against it, and it holds kube-apiserver's first consistency
 //! check of every resource, whose cost is measured too. It checks that the
@@ -119,6 +120,14 @@ async fn size_s_briefly() -> anyhow::Result<()> {
         let name = format!("{} {}", run.kind.name(), run.controller.name());
         let rate = run.api_requests_per_s_at_rest;
         assert!(rate.is_some_and(f64::is_finite), "{name}: {rate:?}");
+        if run.controller == Controller::Guard {
+            assert_eq!(run.guard_replicas, Some(2), "{name}");
+            let follower = run.followers_cpu_s_per_min_at_rest;
+            assert!(
+                follower.is_some_and(|cpu| cpu.is_finite() && cpu >= 0.0),
+                "{name}: the follower's CPU at rest: {follower:?}"
+            );
+        }
         if !(run.kind == Kind::Endpoints && run.controller == Controller::Guard) {
             assert!(
                 run.ghost.is_none() && run.ghost_found_s.is_none(),

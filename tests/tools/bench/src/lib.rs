@@ -155,6 +155,13 @@ pub struct BenchOptions {
     /// spread between runs without paying the setup again). With more than
     /// one, round `i`'s reports go to `out_dir/run-<i>/`.
     pub repeat: usize,
+    /// endpoints-guard replicas in its measured run (default 2, the chart's
+    /// `replicaCount`). With more than one, every replica elects a leader on a
+    /// Lease; the measured process starts first and leads, the followers
+    /// start after churn, and steady holds them all: its requests (one
+    /// ServiceAccount, as in the chart) and the control plane's spend are
+    /// the deployment's, the followers' own CPU is reported beside.
+    pub guard_replicas: u32,
 }
 
 impl BenchOptions {
@@ -192,6 +199,7 @@ impl BenchOptions {
             setup_parallelism: 32,
             cold_sync_timeout: Duration::from_secs(1800),
             repeat: 1,
+            guard_replicas: 2,
         }
     }
 
@@ -620,19 +628,43 @@ impl Bench {
             .context("no kubeconfig for the controller")
     }
 
+    /// Starts endpoints-guard's followers ([`BenchOptions::guard_replicas`]
+    /// less the measured one, which leads), each ready (caches synced).
+    async fn start_followers(&self, log_name: &str) -> Result<Vec<controllers::Running>> {
+        let mut followers = Vec::new();
+        for i in 1..self.opts.guard_replicas {
+            let mut follower = self.start(
+                Controller::Guard,
+                None,
+                true,
+                &format!("{log_name}-follower-{i}"),
+            )?;
+            follower.wait_ready(self.opts.cold_sync_timeout).await?;
+            followers.push(follower);
+        }
+        Ok(followers)
+    }
+
     /// Starts controller `c` on the current kind; endpoints-guard with
     /// `--resync-interval` `resync` if given, else the options', else its
     /// default.
+    /// With `elect`, endpoints-guard elects a leader on a Lease, as each of
+    /// several replicas does.
     fn start(
         &self,
         c: Controller,
         resync: Option<Duration>,
+        elect: bool,
         log_name: &str,
     ) -> Result<controllers::Running> {
         match c {
             Controller::Guard => {
                 // Like for like: upstream runs that kind's controller alone.
                 let mut args = vec![format!("--controllers={}", self.kind.name())];
+                if elect {
+                    args.push("--leader-elect".to_string());
+                    args.push(format!("--leader-election-namespace={LEASE_NAMESPACE}"));
+                }
                 if let Some(interval) = resync.or(self.opts.guard_resync_interval) {
                     args.push(format!("--resync-interval={}ms", interval.as_millis()));
                 }
@@ -696,7 +728,9 @@ impl Bench {
         let t_cold = SystemTime::now();
         let started = Instant::now();
         let ev0 = obs.events();
-        let mut running = self.start(c, None, &format!("{}-{}", c.name(), kind.name()))?;
+        let log_name = format!("{}-{}", c.name(), kind.name());
+        let replicated = c == Controller::Guard && self.opts.guard_replicas > 1;
+        let mut running = self.start(c, None, replicated, &log_name)?;
         let done = obs
             .wait_for("cold sync", self.opts.cold_sync_timeout, |o| {
                 o.correct() == services
@@ -751,10 +785,26 @@ impl Bench {
         };
         mark = self.close(&mut phases, "churn", mark, &running).await?;
 
+        let mut followers = Vec::new();
+        if replicated {
+            log(&format!("{} {}: followers", kind.objects(), c.name()));
+            followers = self.start_followers(&log_name).await?;
+            mark = self.close(&mut phases, "followers", mark, &running).await?;
+        }
+        let followers_before = followers
+            .iter()
+            .map(controllers::Running::cpu)
+            .collect::<Result<Vec<_>>>()?;
         log(&format!("{} {}: steady", kind.objects(), c.name()));
+        let steady_started = Instant::now();
         tokio::time::sleep(self.opts.steady).await;
         running.process.ensure_running()?;
+        let followers_cpu_s_per_min_at_rest =
+            followers_cpu_per_min(&followers, &followers_before, steady_started.elapsed())?;
         self.close(&mut phases, "steady", mark, &running).await?;
+        for follower in &mut followers {
+            follower.process.stop().await?;
+        }
         // Before the ghost phase, so the figure stays that of cold sync,
         // churn and steady.
         let peak_rss_main_mb = running.peak_rss_mb()?;
@@ -824,6 +874,8 @@ impl Bench {
             in_process,
             baseline: self.baseline,
             consistency_check: self.consistency_check.clone(),
+            guard_replicas: (c == Controller::Guard).then_some(self.opts.guard_replicas),
+            followers_cpu_s_per_min_at_rest,
             client_qps: match c {
                 Controller::Guard => None,
                 Controller::Upstream => Some(upstream_qps(&self.opts.upstream_args)),
@@ -1002,7 +1054,7 @@ impl Bench {
     async fn resync(&self) -> Result<(Resync, (SystemTime, SystemTime))> {
         let interval = self.opts.resync_phase_interval.max(Duration::from_secs(1));
         let log_name = format!("endpoints-guard-resync-{}", self.kind.name());
-        let mut r = self.start(Controller::Guard, Some(interval), &log_name)?;
+        let mut r = self.start(Controller::Guard, Some(interval), false, &log_name)?;
         r.wait_ready(Duration::from_secs(600)).await?;
         let plane_start = PlaneSample::read(&self.cp, &self.client).await?;
         let start = Instant::now();
@@ -1236,6 +1288,26 @@ fn upstream_qps(args: &[String]) -> u32 {
 
 /// A phase's name, figures and time window `[from, to)`.
 type PhaseWindow = (String, Phase, SystemTime, SystemTime);
+
+/// Where the replicas of a replicated endpoints-guard keep their Lease.
+const LEASE_NAMESPACE: &str = "kube-system";
+
+/// The followers' CPU seconds a minute over `window`, summed, from their
+/// samples at its start; `None` without followers.
+fn followers_cpu_per_min(
+    followers: &[controllers::Running],
+    before: &[procstat::CpuSample],
+    window: Duration,
+) -> Result<Option<f64>> {
+    if followers.is_empty() || window.is_zero() {
+        return Ok(None);
+    }
+    let mut cpu_s = 0.0;
+    for (follower, start) in followers.iter().zip(before) {
+        cpu_s += follower.cpu()?.since(start).0;
+    }
+    Ok(Some(cpu_s * 60.0 / window.as_secs_f64()))
+}
 
 struct Mark {
     at: SystemTime,

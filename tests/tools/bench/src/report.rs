@@ -121,6 +121,14 @@ pub struct RunResult {
     /// Those checks one by one: each resource's count and CPU in the window.
     #[serde(default)]
     pub consistency_check: Option<CheckCost>,
+    /// endpoints-guard's replicas in the run (none for upstream, and for
+    /// reports written before replicas were measured: one).
+    #[serde(default)]
+    pub guard_replicas: Option<u32>,
+    /// With more than one replica, the followers' own CPU seconds a minute
+    /// in steady, together (the leader's is `phases["steady"]`).
+    #[serde(default)]
+    pub followers_cpu_s_per_min_at_rest: Option<f64>,
 }
 
 impl RunResult {
@@ -207,28 +215,36 @@ impl RunResult {
     /// budget (10 % and two reads of slack for the phase edges), and the
     /// periodic resync's list pages and the watches it resumes after them:
     /// at most one resync's (as the resync phase measured them) for each
-    /// resync that fits in the window.
+    /// resync that fits in the window. Leader election's Lease requests,
+    /// with replicas, are neither.
     pub fn steady_is_only_the_scan_and_resync(&self) -> bool {
         let Some(steady) = self.phases.get("steady") else {
             return false;
         };
+        let count = |verb: &str| {
+            let all = steady.requests.get(verb).copied().unwrap_or(0);
+            let lease = steady
+                .requests_by_resource
+                .get(&format!("{verb} leases"))
+                .copied()
+                .unwrap_or(0);
+            all.saturating_sub(lease)
+        };
         let budget = self.ghost_scan_qps.unwrap_or(0.0) * steady.wall_s * 1.1 + 2.0;
-        let gets = steady.requests.get("get").copied().unwrap_or(0);
+        let gets = count("get");
         let interval_s = self.resync_interval_s.unwrap_or(0.0);
         let resyncs = if interval_s > 0.0 {
             (steady.wall_s / interval_s).floor() as u64 + 1
         } else {
             0
         };
-        let within_resyncs = |verb: &str| {
-            steady.requests.get(verb).copied().unwrap_or(0)
-                <= resyncs * resync_requests(self.resync.as_ref(), verb)
-        };
+        let within_resyncs =
+            |verb: &str| count(verb) <= resyncs * resync_requests(self.resync.as_ref(), verb);
         let others: u64 = steady
             .requests
-            .iter()
-            .filter(|(verb, _)| !matches!(verb.as_str(), "get" | "list" | "watch"))
-            .map(|(_, n)| n)
+            .keys()
+            .filter(|verb| !matches!(verb.as_str(), "get" | "list" | "watch"))
+            .map(|verb| count(verb))
             .sum();
         steady.writes == 0
             && others == 0
@@ -310,6 +326,8 @@ pub(super) struct Parts<'a> {
     pub in_process: Option<InProcess>,
     pub baseline: Spend,
     pub consistency_check: Option<CheckCost>,
+    pub guard_replicas: Option<u32>,
+    pub followers_cpu_s_per_min_at_rest: Option<f64>,
 }
 
 /// A paragraph on kube-apiserver's own consistency checks in the window
@@ -443,6 +461,8 @@ pub(super) fn assemble(parts: Parts<'_>) -> RunResult {
             .as_ref()
             .and_then(|c| c.cpu_s_per_min),
         consistency_check: parts.consistency_check,
+        guard_replicas: parts.guard_replicas,
+        followers_cpu_s_per_min_at_rest: parts.followers_cpu_s_per_min_at_rest,
     }
 }
 
@@ -750,6 +770,18 @@ pub fn markdown(kind: Kind, runs: &[RunResult]) -> String {
             &|r| r.apf_seats_per_min_at_rest,
             1,
         );
+        if columns.iter().any(|r| r.guard_replicas.unwrap_or(1) > 1) {
+            out += &optional(
+                "replicas (endpoints-guard: one leader, the rest following)",
+                &|r| r.guard_replicas.map(f64::from),
+                0,
+            );
+            out += &optional(
+                "followers' own CPU s a minute at rest, together",
+                &|r| r.followers_cpu_s_per_min_at_rest,
+                3,
+            );
+        }
         out += &optional(
             "kube-apiserver + etcd CPU at rest, added, ÷ their consistency checks of the same resources",
             &RunResult::plane_cpu_over_checks,
@@ -1177,6 +1209,8 @@ mod tests {
             in_process: None,
             baseline: Spend::default(),
             consistency_check: None,
+            guard_replicas: guard.then_some(1),
+            followers_cpu_s_per_min_at_rest: None,
         })
     }
 
@@ -1267,10 +1301,20 @@ mod tests {
             steady(60.0, &[("get", 300), ("update", 1)]),
         );
         assert!(!writes.steady_is_only_the_scan_and_resync());
-        let mut reads = ours;
+        let mut reads = ours.clone();
         reads
             .phases
             .insert("steady".into(), steady(60.0, &[("get", 400)]));
         assert!(!reads.steady_is_only_the_scan_and_resync());
+        // Replicas electing a leader: the Lease's reads and renewals are
+        // neither the scan's nor the resync's, and count for neither.
+        let mut elected = ours;
+        let mut with_lease = steady(60.0, &[("get", 400), ("list", 6), ("update", 12)]);
+        with_lease.requests_by_resource = counts(&[("get leases", 100), ("update leases", 12)]);
+        elected.phases.insert("steady".into(), with_lease.clone());
+        assert!(elected.steady_is_only_the_scan_and_resync());
+        with_lease.requests_by_resource = counts(&[("get leases", 100), ("update leases", 11)]);
+        elected.phases.insert("steady".into(), with_lease);
+        assert!(!elected.steady_is_only_the_scan_and_resync());
     }
 }

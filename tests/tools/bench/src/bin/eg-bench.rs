@@ -10,7 +10,7 @@
 //!          [--only CONTROLLER[,CONTROLLER]...] [--upstream-arg FLAG]...
 //!          [--guard-resync-secs N] [--guard-full-resync-secs N] [--ghost-scan-qps N] [--fast-qps N] [--repeat N]
 //!          [--ghost CONTROLLER[,CONTROLLER]...|none] [--ghost-kind endpoints|endpointslices|both|none]
-//!          [--ghost-timeout-secs N] [--etcd-compaction-secs N]
+//!          [--ghost-timeout-secs N] [--etcd-compaction-secs N] [--guard-replicas N]
 //!   CONTROLLER: endpoints-guard | kube-controller-manager | kube-controller-manager-fast
 //! eg-bench --render [--out DIR]    # rewrite the report*.md from report*.json
 //! ```
@@ -25,6 +25,9 @@
 //! kube-controller-manager; `--ghost-kind` the kinds, default both), each
 //! waiting up to `--ghost-timeout-secs` (660). `--etcd-compaction-secs` is
 //! kube-apiserver's `--etcd-compaction-interval` (default its own, 5 minutes).
+//! `--guard-replicas` runs endpoints-guard as that many replicas electing a
+//! leader (default 2, the chart's `replicaCount`; 1: one process, no
+//! election): the followers join after churn, and steady measures them all.
 //!
 //! `SIZE` and `KIND` may also come from the environment (the flags win).
 
@@ -42,7 +45,7 @@ fn usage() -> &'static str {
      [--only endpoints-guard|kube-controller-manager|kube-controller-manager-fast[,...]] \
      [--upstream-arg FLAG]... [--apiserver-arg FLAG]... [--guard-resync-secs N] [--guard-full-resync-secs N] [--ghost-scan-qps N] [--fast-qps N] [--repeat N] \
      [--ghost CONTROLLER[,...]|none] [--ghost-kind endpoints|endpointslices|both|none] \
-     [--ghost-timeout-secs N] [--etcd-compaction-secs N] | eg-bench --render [--out DIR]"
+     [--ghost-timeout-secs N] [--etcd-compaction-secs N] [--guard-replicas N] | eg-bench --render [--out DIR]"
 }
 
 /// `--only` and `--ghost`: controller names, comma-separated.
@@ -110,6 +113,12 @@ fn parse() -> Result<BenchOptions> {
                 opts.repeat = value.parse().context("--repeat")?;
                 if opts.repeat == 0 {
                     bail!("--repeat 0: give at least one round");
+                }
+            }
+            "--guard-replicas" => {
+                opts.guard_replicas = value.parse().context("--guard-replicas")?;
+                if opts.guard_replicas == 0 {
+                    bail!("--guard-replicas 0: give at least one replica");
                 }
             }
             "--only" => opts.controllers = controllers("--only", &value)?,
