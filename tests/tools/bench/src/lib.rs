@@ -647,9 +647,8 @@ impl Bench {
 
     /// Starts controller `c` on the current kind; endpoints-guard with
     /// `--resync-interval` `resync` if given, else the options', else its
-    /// default.
-    /// With `elect`, endpoints-guard elects a leader on a Lease, as each of
-    /// several replicas does.
+    /// default. With `elect`, endpoints-guard elects a leader on a Lease, as
+    /// each of several replicas does.
     fn start(
         &self,
         c: Controller,
@@ -789,7 +788,9 @@ impl Bench {
         if replicated {
             log(&format!("{} {}: followers", kind.objects(), c.name()));
             followers = self.start_followers(&log_name).await?;
-            mark = self.close(&mut phases, "followers", mark, &running).await?;
+            mark = self
+                .close(&mut phases, report::FOLLOWERS_PHASE, mark, &running)
+                .await?;
         }
         let followers_before = followers
             .iter()

@@ -304,6 +304,9 @@ pub fn ghost_text(run: &RunResult) -> String {
     }
 }
 
+/// The phase in which a replicated endpoints-guard's followers start.
+pub(super) const FOLLOWERS_PHASE: &str = "followers";
+
 pub(super) struct Parts<'a> {
     pub size: &'a BenchOptions,
     pub kind: Kind,
@@ -375,7 +378,14 @@ pub(super) fn assemble(parts: Parts<'_>) -> RunResult {
     let opts = parts.size;
     let mut requests = BTreeMap::new();
     let (mut cpu_s, mut writes) = (0.0, 0);
-    for phase in parts.phases.values() {
+    // The followers' start (replicas) is kept in `phases` but not in the
+    // run's totals: those are the measured process's cold sync, churn and
+    // steady, as with one replica.
+    for (_, phase) in parts
+        .phases
+        .iter()
+        .filter(|(name, _)| *name != FOLLOWERS_PHASE)
+    {
         super::audit::add(&mut requests, &phase.requests);
         cpu_s += phase.cpu_s;
         writes += phase.writes;
@@ -1178,6 +1188,14 @@ mod tests {
             "steady".to_string(),
             steady(60.0, &[("get", 300), ("list", 6)]),
         );
+        run_of(controller, ghost, phases)
+    }
+
+    fn run_of(
+        controller: Controller,
+        ghost: Option<Ghost>,
+        phases: BTreeMap<String, Phase>,
+    ) -> RunResult {
         let guard = controller == Controller::Guard;
         assemble(Parts {
             size: &BenchOptions::new(
@@ -1273,6 +1291,19 @@ mod tests {
         let back: RunResult = serde_json::from_value(old).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(ghost_text(&back), "not measured");
         assert_eq!(back.api_requests_per_s_at_rest, None);
+    }
+
+    #[test]
+    fn the_followers_start_stays_out_of_the_runs_totals() {
+        let mut phases = BTreeMap::new();
+        phases.insert("steady".to_string(), steady(60.0, &[("get", 300)]));
+        let mut start = steady(20.0, &[("list", 40), ("watch", 3)]);
+        start.cpu_s = 2.0;
+        phases.insert(FOLLOWERS_PHASE.to_string(), start);
+        let replicated = run_of(Controller::Guard, None, phases);
+        assert_eq!(replicated.requests, counts(&[("get", 300)]));
+        assert_eq!(replicated.cpu_s, 0.0);
+        assert!(replicated.phases.contains_key(FOLLOWERS_PHASE));
     }
 
     #[test]
