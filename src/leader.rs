@@ -4,8 +4,9 @@
 //! [`kube_lease_manager`] acquires and renews the Lease. On its own it learns that
 //! the Lease is lost only when its next renewal fails or finds another holder, and
 //! while the API cannot be reached it keeps reporting the last state it saw. So a
-//! watchdog here reads the Lease every [`Settings::poll_interval`] and grants
-//! writes only while both hold:
+//! watchdog here reads the Lease every [`Settings::poll_interval`] while the
+//! manager says this instance leads (and once whenever that changes), and
+//! grants writes only while both hold:
 //!
 //! - the manager says this instance leads, and
 //! - the last Lease read names this instance as holder and its `renewTime +
@@ -299,7 +300,12 @@ async fn elect(
                     }
                     observed = refresh(&leases, &s, observed).await;
                 }
-                _ = poll.tick() => observed = refresh(&leases, &s, observed).await,
+                // A follower's reads could grant nothing (the manager must say
+                // it leads too) and would cost the API server a read a second
+                // per replica: it reads when the manager's word changes.
+                _ = poll.tick(), if manager_says => {
+                    observed = refresh(&leases, &s, observed).await;
+                }
             }
         }
     }
