@@ -4,12 +4,11 @@
 //! [`kube_lease_manager`] acquires and renews the Lease. On its own it learns that
 //! the Lease is lost only when its next renewal fails or finds another holder, and
 //! while the API cannot be reached it keeps reporting the last state it saw. So a
-//! watchdog here reads the Lease every [`Settings::poll_interval`] while the
-//! manager says this instance leads (and once whenever that changes), and
+//! watchdog here follows the Lease while the manager says this instance leads, and
 //! grants writes only while both hold:
 //!
 //! - the manager says this instance leads, and
-//! - the last Lease read names this instance as holder and its `renewTime +
+//! - the newest Lease seen names this instance as holder and its `renewTime +
 //!   leaseDurationSeconds - grace/2` has not passed on the local clock.
 //!
 //! The second condition ends leadership at a deadline computed from our own last
@@ -17,12 +16,21 @@
 //! from the API stops writing `grace/2` before any other replica may take the
 //! Lease (others wait for `renewTime + leaseDurationSeconds` by their own clock,
 //! so up to `grace/2` of clock skew is tolerated).
+//!
+//! The watchdog learns of renewals and of a Lease taken by someone else from a
+//! watch on the one Lease, which costs the API server an event per renewal. A
+//! watch can lag or stall, so when a renewal is due and the watch has not shown
+//! it, the watchdog reads the Lease itself (a quorum read) every
+//! [`Settings::poll_interval`] until it sees one or the validity runs out.
 
 use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use futures::StreamExt;
+use futures::stream::BoxStream;
 use k8s_openapi::api::coordination::v1::Lease;
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use kube_lease_manager::{LeaseManager, LeaseManagerBuilder};
 use tokio::sync::watch;
@@ -66,9 +74,9 @@ impl Settings {
         }
     }
 
-    /// How often the watchdog reads the Lease: a quarter of the grace, between
-    /// 100 ms and 1 s, so a renewal is seen well before the validity it extends
-    /// runs out.
+    /// How often the watchdog reads the Lease while a renewal it expects has
+    /// not shown: a quarter of the grace, between 100 ms and 1 s, so a renewal
+    /// is seen well before the validity it extends runs out.
     pub fn poll_interval(&self) -> Duration {
         (self.renew_grace / 4).clamp(Duration::from_millis(100), Duration::from_secs(1))
     }
@@ -138,6 +146,51 @@ pub fn observe(lease: &Lease, identity: &str, grace: Duration) -> Observed {
         Some(valid_until) => Observed::Ours { valid_until },
         None => Observed::NotOurs,
     }
+}
+
+/// The newest of the watchdog's observations, by the Lease's resourceVersion:
+/// a watch that lags behind a read must not bring back an older Lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Latest {
+    pub observed: Observed,
+    version: Option<u64>,
+}
+
+impl Latest {
+    pub const NOTHING: Self = Self {
+        observed: Observed::NotOurs,
+        version: None,
+    };
+
+    /// Takes `observed`, seen at `version`, unless an older Lease than the one
+    /// known. A version that is not a number is taken as new (and forgets the
+    /// known one).
+    pub fn update(&mut self, observed: Observed, version: Option<&str>) {
+        let version = version.and_then(|v| v.parse::<u64>().ok());
+        if let (Some(known), Some(seen)) = (self.version, version)
+            && seen < known
+        {
+            return;
+        }
+        *self = Self { observed, version };
+    }
+}
+
+/// How long from `now` until the watchdog reads the Lease itself: a poll
+/// interval after the renewal the manager should have made by now (it renews
+/// `grace` before expiry, which is `grace/2` before the validity ends), and a
+/// poll interval apart while it has not shown. Not ours yet (the manager has
+/// just acquired it): every poll interval.
+pub fn read_due(observed: Observed, now: SystemTime, s: &Settings) -> Duration {
+    let poll = s.poll_interval();
+    let Observed::Ours { valid_until } = observed else {
+        return poll;
+    };
+    valid_until
+        .checked_sub(s.renew_grace / 2)
+        .and_then(|renewal| renewal.checked_add(poll))
+        .and_then(|due| due.duration_since(now).ok())
+        .map_or(poll, |wait| wait.max(poll))
 }
 
 /// Whether this instance may write now.
@@ -259,21 +312,29 @@ async fn elect(
         };
         backoff = Duration::from_millis(500);
         let (mut says, task) = manager.watch().await;
-        let mut observed = Observed::NotOurs;
-        let mut poll = tokio::time::interval(s.poll_interval());
-        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut latest = Latest::NOTHING;
+        let mut lease_watch: Option<LeaseWatch> = None;
         loop {
             let now = SystemTime::now();
             let manager_says = *says.borrow_and_update();
-            let lead = leading(manager_says, observed, now);
+            let lead = leading(manager_says, latest.observed, now);
             publish(&tx, &metrics, &s.identity, lead);
+            // A follower follows nothing: what it saw could grant nothing (the
+            // manager must say it leads too), and it reads once whenever the
+            // manager's word changes.
+            if !manager_says {
+                lease_watch = None;
+            } else if lease_watch.is_none() {
+                lease_watch = Some(watch_lease(&leases, &s.lease_name));
+            }
             // While leading, wake exactly when validity runs out.
-            let expires_in = match observed {
+            let expires_in = match latest.observed {
                 Observed::Ours { valid_until } if lead => {
                     valid_until.duration_since(now).unwrap_or(Duration::ZERO)
                 }
                 _ => Duration::from_secs(3600),
             };
+            let read_in = read_due(latest.observed, now, &s);
             tokio::select! {
                 biased;
                 _ = stopped(&mut shutdown) => {
@@ -298,13 +359,19 @@ async fn elect(
                         }
                         continue 'manager;
                     }
-                    observed = refresh(&leases, &s, observed).await;
+                    refresh(&leases, &s, &mut latest).await;
                 }
-                // A follower's reads could grant nothing (the manager must say
-                // it leads too) and would cost the API server a read a second
-                // per replica: it reads when the manager's word changes.
-                _ = poll.tick(), if manager_says => {
-                    observed = refresh(&leases, &s, observed).await;
+                event = next_event(&mut lease_watch) => match event {
+                    Some(event) => seen(event, &s, &mut latest),
+                    // kube-runtime's watcher does not end; if it did, the
+                    // reads go on alone until this instance leads again.
+                    None => {
+                        warn!("the leader Lease watch ended; reading the Lease instead");
+                        lease_watch = Some(futures::stream::pending().boxed());
+                    }
+                },
+                _ = tokio::time::sleep(read_in), if manager_says => {
+                    refresh(&leases, &s, &mut latest).await;
                 }
             }
         }
@@ -312,26 +379,68 @@ async fn elect(
     publish(&tx, &metrics, &s.identity, false);
 }
 
+/// The watch on the one Lease: kube-runtime's watcher (a list, then a watch,
+/// listed again after a 410), backing off after errors. It needs no store and no
+/// resync: what it misses, the watchdog's own reads make up.
+type LeaseWatch = BoxStream<'static, Result<watcher::Event<Lease>, watcher::Error>>;
+
+fn watch_lease(leases: &Api<Lease>, name: &str) -> LeaseWatch {
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    watcher::watcher(leases.clone(), config)
+        .default_backoff()
+        .boxed()
+}
+
+/// The next event of the Lease watch; never, without one.
+async fn next_event(
+    lease_watch: &mut Option<LeaseWatch>,
+) -> Option<Result<watcher::Event<Lease>, watcher::Error>> {
+    match lease_watch {
+        Some(events) => events.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Takes what the Lease watch showed.
+fn seen(event: Result<watcher::Event<Lease>, watcher::Error>, s: &Settings, latest: &mut Latest) {
+    match event {
+        Ok(watcher::Event::Apply(lease) | watcher::Event::InitApply(lease)) => {
+            let observed = observe(&lease, &s.identity, s.renew_grace);
+            latest.update(observed, lease.metadata.resource_version.as_deref());
+        }
+        Ok(watcher::Event::Delete(lease)) => {
+            latest.update(
+                Observed::NotOurs,
+                lease.metadata.resource_version.as_deref(),
+            );
+        }
+        Ok(watcher::Event::Init | watcher::Event::InitDone) => {}
+        // Backed off (up to 30 s apart); meanwhile the reads
+        // cover the renewals, one a renewal instead of none.
+        Err(err) => {
+            warn!(error = %err, "watching the leader Lease failed; reading it instead")
+        }
+    }
+}
+
 /// Reads the Lease; on failure keeps what was known, whose validity then runs
 /// out by itself. A read may wait up to half the grace (at least 1 s): one
 /// queued by the API server's priority and fairness is slow, not lost.
-async fn refresh(leases: &Api<Lease>, s: &Settings, previous: Observed) -> Observed {
+async fn refresh(leases: &Api<Lease>, s: &Settings, latest: &mut Latest) {
     match tokio::time::timeout(
         (s.renew_grace / 2).max(Duration::from_secs(1)),
         leases.get_opt(&s.lease_name),
     )
     .await
     {
-        Ok(Ok(Some(lease))) => observe(&lease, &s.identity, s.renew_grace),
-        Ok(Ok(None)) => Observed::NotOurs,
-        Ok(Err(err)) => {
-            debug!(error = %err, "reading the leader Lease failed");
-            previous
+        Ok(Ok(Some(lease))) => {
+            let observed = observe(&lease, &s.identity, s.renew_grace);
+            latest.update(observed, lease.metadata.resource_version.as_deref());
         }
-        Err(_) => {
-            debug!("reading the leader Lease timed out");
-            previous
-        }
+        // Gone: whatever version it had, nothing newer names us.
+        Ok(Ok(None)) => *latest = Latest::NOTHING,
+        Ok(Err(err)) => debug!(error = %err, "reading the leader Lease failed"),
+        Err(_) => debug!("reading the leader Lease timed out"),
     }
 }
 
@@ -386,6 +495,64 @@ mod tests {
         );
         assert_eq!(observe(&Lease::default(), "me", grace), Observed::NotOurs);
         assert!(!leading(true, Observed::NotOurs, now));
+    }
+
+    fn settings(duration: u64, grace: u64) -> Settings {
+        Settings {
+            namespace: "ns".into(),
+            lease_name: "lease".into(),
+            identity: "me".into(),
+            lease_duration: Duration::from_secs(duration),
+            renew_grace: Duration::from_secs(grace),
+        }
+    }
+
+    #[test]
+    fn a_read_is_due_a_poll_after_the_expected_renewal_and_a_poll_apart_after() {
+        // The chart's defaults: renewals every 5 s, valid 10 s after each.
+        let s = settings(15, 10);
+        let renewed = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let obs = observe(&lease(Some("me"), renewed, 15), "me", s.renew_grace);
+        let second = Duration::from_secs(1);
+        // Seen right after the renewal: nothing to read until the next one, at
+        // +5 s, has had a poll interval to show.
+        assert_eq!(read_due(obs, renewed, &s), Duration::from_secs(6));
+        assert_eq!(read_due(obs, renewed + 4 * second, &s), 2 * second);
+        // Overdue: a poll interval apart, until the validity ends at +10 s.
+        assert_eq!(read_due(obs, renewed + 7 * second, &s), s.poll_interval());
+        assert_eq!(read_due(Observed::NotOurs, renewed, &s), s.poll_interval());
+        // When the watch has missed a renewal, the read that finds it comes
+        // with a poll interval to spare before the validity ends.
+        let validity = Duration::from_secs(10);
+        let due = renewed + read_due(obs, renewed, &s);
+        assert!(due < renewed + validity - s.poll_interval());
+    }
+
+    #[test]
+    fn an_older_lease_does_not_replace_a_newer_one() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let grace = Duration::from_secs(10);
+        let old = observe(&lease(Some("me"), t0, 15), "me", grace);
+        let new = observe(
+            &lease(Some("me"), t0 + Duration::from_secs(5), 15),
+            "me",
+            grace,
+        );
+        let mut latest = Latest::NOTHING;
+        latest.update(new, Some("120"));
+        // A lagging watch delivers the renewal before.
+        latest.update(old, Some("99"));
+        assert_eq!(latest.observed, new);
+        // Someone else's, newer: taken at once.
+        latest.update(Observed::NotOurs, Some("121"));
+        assert_eq!(latest.observed, Observed::NotOurs);
+        latest.update(new, Some("120"));
+        assert_eq!(latest.observed, Observed::NotOurs);
+        // A version that is no number cannot be ordered: taken.
+        latest.update(new, Some("opaque"));
+        assert_eq!(latest.observed, new);
+        latest.update(old, Some("5"));
+        assert_eq!(latest.observed, old);
     }
 
     #[test]

@@ -198,6 +198,12 @@ fn rendered_objects_are_hardened_and_least_privilege() -> Result<()> {
     let role = find(&docs, "Role")?;
     assert_eq!(role["metadata"]["namespace"].as_str(), Some(NAMESPACE));
     assert_eq!(strings(&role["rules"][0]["resources"]), ["leases"]);
+    // Watching is granted on its own Lease only.
+    assert_eq!(strings(&role["rules"][1]["verbs"]), ["list", "watch"]);
+    assert_eq!(
+        strings(&role["rules"][1]["resourceNames"]),
+        ["endpoints-guard"]
+    );
     Ok(())
 }
 

@@ -373,6 +373,23 @@ async fn helm_install_then_run_with_the_charts_service_account() -> Result<()> {
         Some(403),
         "leases elsewhere"
     );
+    // The leader watches its own Lease, by name, and no other.
+    let own_leases: Api<Lease> = Api::namespaced(sa.clone(), NAMESPACE);
+    own_leases
+        .list(&ListParams::default().fields("metadata.name=endpoints-guard"))
+        .await
+        .context("listing its own Lease by name is granted")?;
+    assert_eq!(
+        api_code(&own_leases.list(&ListParams::default()).await),
+        Some(403),
+        "list every Lease"
+    );
+    let log_text = std::fs::read_to_string(&log)?;
+    assert!(
+        !log_text.contains("watching the leader Lease failed"),
+        "the leader could not watch its Lease: {}",
+        guard.log_tail(20)
+    );
     // /metrics: the chart's metrics reader gets it; the test ServiceAccount
     // (authenticated, no role) is refused; no token is unauthenticated.
     cp.create_namespace("monitoring").await?;
