@@ -23,7 +23,7 @@ while [ "$(date +%s)" -lt "$end" ]; do
   for pid in $(pgrep -x "$name" || true); do
     # A process that exits between pgrep and the read leaves no line.
     stat=$(cat /proc/"$pid"/task/*/schedstat 2>/dev/null \
-      | awk '{ cpu += $1; wait += $2; slices += $3 } END { if (NR) print cpu, wait, slices }') || true
+      | awk '{ cpu += $1; wait += $2; slices += $3 } END { if (NR) printf "%.0f %.0f %.0f\n", cpu, wait, slices }') || true
     if [ -n "$stat" ]; then
       read -r cpu wait slices <<< "$stat"
       line="$line pid=$pid cpu_ns=$cpu wait_ns=$wait slices=$slices"
