@@ -405,8 +405,7 @@ async fn next_event(
 fn seen(event: Result<watcher::Event<Lease>, watcher::Error>, s: &Settings, latest: &mut Latest) {
     match event {
         Ok(watcher::Event::Apply(lease) | watcher::Event::InitApply(lease)) => {
-            let observed = observe(&lease, &s.identity, s.renew_grace);
-            latest.update(observed, lease.metadata.resource_version.as_deref());
+            take(latest, &lease, s)
         }
         Ok(watcher::Event::Delete(lease)) => {
             latest.update(
@@ -423,6 +422,12 @@ fn seen(event: Result<watcher::Event<Lease>, watcher::Error>, s: &Settings, late
     }
 }
 
+/// Takes a Lease that was watched or read, at its resourceVersion.
+fn take(latest: &mut Latest, lease: &Lease, s: &Settings) {
+    let observed = observe(lease, &s.identity, s.renew_grace);
+    latest.update(observed, lease.metadata.resource_version.as_deref());
+}
+
 /// Reads the Lease; on failure keeps what was known, whose validity then runs
 /// out by itself. A read may wait up to half the grace (at least 1 s): one
 /// queued by the API server's priority and fairness is slow, not lost.
@@ -433,10 +438,7 @@ async fn refresh(leases: &Api<Lease>, s: &Settings, latest: &mut Latest) {
     )
     .await
     {
-        Ok(Ok(Some(lease))) => {
-            let observed = observe(&lease, &s.identity, s.renew_grace);
-            latest.update(observed, lease.metadata.resource_version.as_deref());
-        }
+        Ok(Ok(Some(lease))) => take(latest, &lease, s),
         // Gone: whatever version it had, nothing newer names us.
         Ok(Ok(None)) => *latest = Latest::NOTHING,
         Ok(Err(err)) => debug!(error = %err, "reading the leader Lease failed"),
