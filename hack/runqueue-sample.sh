@@ -10,6 +10,7 @@
 #   hack/runqueue-sample.sh SECONDS [NAME] > samples.log
 #
 # Each line: <unix time> psi_some_us=<n> [pid=<p> cpu_ns=<n> wait_ns=<n> slices=<n>]...
+# Exits 1 when no process named NAME ran while it sampled.
 set -euo pipefail
 
 seconds=${1:?usage: hack/runqueue-sample.sh SECONDS [NAME]}
@@ -17,10 +18,18 @@ name=${2:-endpoints-guard}
 [ -r /proc/pressure/cpu ] || { echo "runqueue-sample: /proc/pressure/cpu is not readable (a kernel without PSI)" >&2; exit 1; }
 
 end=$(( $(date +%s) + seconds ))
+# A name that matches nothing (a binary copied under another name) would
+# otherwise leave lines of the machine's pressure alone, with no word why.
+seen=0
 while [ "$(date +%s)" -lt "$end" ]; do
   psi=$(awk '/^some/ { split($5, total, "="); print total[2] }' /proc/pressure/cpu)
   line="$(date +%s.%N) psi_some_us=$psi"
-  for pid in $(pgrep -x "$name" || true); do
+  pids=$(pgrep -x "$name" || true)
+  if [ -n "$pids" ] && [ "$seen" -eq 0 ]; then
+    seen=1
+    echo "runqueue-sample: sampling the process named $name" >&2
+  fi
+  for pid in $pids; do
     # A process that exits between pgrep and the read leaves no line.
     stat=$(cat /proc/"$pid"/task/*/schedstat 2>/dev/null \
       | awk '{ cpu += $1; wait += $2; slices += $3 } END { if (NR) printf "%.0f %.0f %.0f\n", cpu, wait, slices }') || true
@@ -32,3 +41,7 @@ while [ "$(date +%s)" -lt "$end" ]; do
   echo "$line"
   sleep 1
 done
+if [ "$seen" -eq 0 ]; then
+  echo "runqueue-sample: no process was named $name (pgrep -x compares it with a process's name: its binary's file name, cut to 15 characters); only the machine's pressure was sampled" >&2
+  exit 1
+fi
