@@ -19,7 +19,7 @@
 //! touches moves to the event lane. The background lane still gets one key
 //! in every [`BACKGROUND_SHARE`], so steady events cannot starve it.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::hash::Hash;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -77,6 +77,10 @@ struct State<K> {
     received: HashMap<K, Instant>,
     /// Keys waiting to be added: when, and the earliest unserved event.
     delayed: HashMap<K, Delayed>,
+    /// The same keys by the instant they are due, so that taking the due
+    /// ones and finding the next wake-up cost a lookup each, not a walk over
+    /// every waiting key (thousands back off while the API server is down).
+    due_order: BTreeSet<(Instant, K)>,
     max_retries: u32,
     shutting_down: bool,
 }
@@ -97,7 +101,7 @@ pub struct Taken<K> {
 }
 
 /// The pure part of the queue: no async, no clock; the async shell wraps it.
-impl<K: Clone + Eq + Hash> State<K> {
+impl<K: Clone + Eq + Hash + Ord> State<K> {
     fn new(max_retries: u32) -> Self {
         Self {
             events: VecDeque::new(),
@@ -109,6 +113,7 @@ impl<K: Clone + Eq + Hash> State<K> {
             failures: HashMap::new(),
             received: HashMap::new(),
             delayed: HashMap::new(),
+            due_order: BTreeSet::new(),
             max_retries,
             shutting_down: false,
         }
@@ -121,7 +126,7 @@ impl<K: Clone + Eq + Hash> State<K> {
             return false;
         }
         // Added now: a wait for a later instant is over.
-        let waited = self.delayed.remove(&key).and_then(|d| d.received);
+        let waited = self.undelay(&key).and_then(|d| d.received);
         for at in received.into_iter().chain(waited) {
             self.received
                 .entry(key.clone())
@@ -181,21 +186,36 @@ impl<K: Clone + Eq + Hash> State<K> {
         if self.shutting_down {
             return;
         }
-        let entry = self.delayed.entry(key).or_insert(Delayed { due, received });
-        entry.due = entry.due.min(due);
-        entry.received = entry.received.into_iter().chain(received).min();
+        match self.delayed.get_mut(&key) {
+            Some(waiting) => {
+                waiting.received = waiting.received.into_iter().chain(received).min();
+                if due < waiting.due {
+                    self.due_order.remove(&(waiting.due, key.clone()));
+                    waiting.due = due;
+                    self.due_order.insert((due, key));
+                }
+            }
+            None => {
+                self.due_order.insert((due, key.clone()));
+                self.delayed.insert(key, Delayed { due, received });
+            }
+        }
+    }
+
+    /// Takes `key` out of waiting, if it waits.
+    fn undelay(&mut self, key: &K) -> Option<Delayed> {
+        let delayed = self.delayed.remove(key)?;
+        self.due_order.remove(&(delayed.due, key.clone()));
+        Some(delayed)
     }
 
     /// Adds every delayed key due at `now`; true when one became available.
     fn add_due(&mut self, now: Instant) -> bool {
-        let due: Vec<K> = self
-            .delayed
-            .iter()
-            .filter(|(_, d)| d.due <= now)
-            .map(|(k, _)| k.clone())
-            .collect();
         let mut available = false;
-        for key in due {
+        while self.due_order.first().is_some_and(|(due, _)| *due <= now) {
+            let Some((_, key)) = self.due_order.pop_first() else {
+                break;
+            };
             if let Some(delayed) = self.delayed.remove(&key) {
                 available |= self.add(key, delayed.received);
             }
@@ -205,7 +225,7 @@ impl<K: Clone + Eq + Hash> State<K> {
 
     /// When the earliest delayed key is due.
     fn next_due(&self) -> Option<Instant> {
-        self.delayed.values().map(|d| d.due).min()
+        self.due_order.first().map(|(due, _)| *due)
     }
 
     /// The next key; the events recorded for it until now are the ones the
@@ -268,7 +288,7 @@ pub enum Retry {
     GaveUp,
 }
 
-impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
+impl<K: Clone + Eq + Hash + Ord + Send + 'static> WorkQueue<K> {
     /// A queue that gives a failing key `max_retries` retries.
     pub fn new(max_retries: u32) -> Arc<Self> {
         Arc::new(Self {

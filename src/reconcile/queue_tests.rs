@@ -127,6 +127,35 @@ fn a_delayed_key_waits_once_for_the_earliest_instant() {
 }
 
 #[test]
+fn delayed_keys_come_due_in_order_of_their_earliest_instant() {
+    let t0 = Instant::now();
+    let at = |ms| t0 + Duration::from_millis(ms);
+    let mut s = State::new(MAX_RETRIES);
+    for k in 0..1000u32 {
+        s.add_at(k, at(u64::from(1000 - k)), None);
+    }
+    // Moved earlier, kept when asked for later, and taken out by an add.
+    s.add_at(500, at(0), None);
+    s.add_at(999, at(5000), None);
+    s.add(10, None);
+    assert_eq!(s.delayed.len(), 999);
+    assert_eq!(s.due_order.len(), 999);
+    assert_eq!(s.next_due(), Some(at(0)));
+    assert!(s.add_due(at(0)));
+    assert_eq!(key(s.take()), Some(10));
+    assert_eq!(key(s.take()), Some(500));
+    assert_eq!(s.next_due(), Some(at(1)), "999's earlier instant stays");
+    assert!(s.add_due(at(2)));
+    assert_eq!(key(s.take()), Some(999));
+    assert_eq!(key(s.take()), Some(998));
+    assert_eq!(key(s.take()), None);
+    assert!(s.add_due(at(1000)));
+    assert!(s.delayed.is_empty() && s.due_order.is_empty());
+    assert_eq!(s.next_due(), None);
+    assert_eq!(s.waiting, 996);
+}
+
+#[test]
 fn an_add_ends_the_wait_and_keeps_its_events() {
     let t0 = Instant::now();
     let at = |ms| t0 + Duration::from_millis(ms);
