@@ -99,6 +99,15 @@ impl Depth {
     pub fn is_full(self) -> bool {
         matches!(self, Depth::Full | Depth::Paced)
     }
+
+    /// Whether the kinds are resynced one after another rather than at
+    /// once. A paced list keeps kube-apiserver serving its pages a share of
+    /// the time; five paced at once would keep it serving up to five times
+    /// that share while they overlap. What is not paced is urgent (an
+    /// election's catch-up) or cheap (count checks), and goes at once.
+    pub fn in_turn(self) -> bool {
+        self == Depth::Paced
+    }
 }
 
 /// One kind's part of a resync.
@@ -109,7 +118,8 @@ struct KindResync {
     listed: bool,
 }
 
-/// Every kind's resync, run at once; each answer with its resource.
+/// Every kind's resync, to run at once or in turn; each answer with its
+/// resource.
 struct Relists<'a> {
     ctx: &'a Context,
     depth: Depth,
@@ -185,9 +195,10 @@ async fn relist<K: Kind>(
     }
 }
 
-/// One resync: every watcher checks its count or relists (at once, at
-/// `depth`, each list given `timeout`), then the caches are compared with
-/// each other and every Service is queued.
+/// One resync: every watcher checks its count or relists (at `depth`, each
+/// list given `timeout`; at once, or one after another when the depth is
+/// [`Depth::in_turn`]), then the caches are compared with each other and
+/// every Service is queued.
 pub async fn resync_once(ctx: &Arc<Context>, depth: Depth, timeout: Duration) -> Result<()> {
     let start = Instant::now();
     let mut relists = Relists {
@@ -197,10 +208,19 @@ pub async fn resync_once(ctx: &Arc<Context>, depth: Depth, timeout: Duration) ->
         relists: Vec::new(),
     };
     for_each_kind(&mut relists);
+    let resynced = if depth.in_turn() {
+        let mut done = Vec::with_capacity(relists.relists.len());
+        for relist in relists.relists {
+            done.push(relist.await);
+        }
+        done
+    } else {
+        join_all(relists.relists).await
+    };
     let mut changes = Vec::new();
     let mut listed = Vec::new();
     let mut disputes = 0;
-    for (resource, resynced) in join_all(relists.relists).await {
+    for (resource, resynced) in resynced {
         let KindResync {
             report,
             listed: in_full,
@@ -356,6 +376,9 @@ mod tests {
             ..timing
         };
         assert_eq!(every.depth(false, secs(0)), Depth::Paced);
+        // Only the paced resync lists its kinds one after another.
+        assert!(Depth::Paced.in_turn());
+        assert!(!Depth::Full.in_turn() && !Depth::Counts.in_turn());
         // Only a paced list waits longer, by its share.
         assert_eq!(timing.list_timeout(Depth::Paced), secs(600));
         let half = Timing {
