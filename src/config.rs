@@ -157,7 +157,8 @@ pub struct Config {
 
     /// The share of the time a scheduled listing keeps kube-apiserver
     /// serving its pages, 0.01 to 1: the full resync every
-    /// --full-resync-interval, and the compaction audit's listing every
+    /// --full-resync-interval (its kinds listed one after another), and the
+    /// compaction audit's listing every
     /// --compaction-audit-full-every revisions. After each page the list
     /// waits as long as the page took × (1/share − 1), the watches applying
     /// events meanwhile, so that a change made during it is answered as
