@@ -280,9 +280,7 @@ pub struct Trace {
 }
 
 fn now_s() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
+    epoch_s(SystemTime::now())
 }
 
 /// kube-apiserver's and etcd's CPU samples now.
@@ -338,14 +336,42 @@ impl Trace {
             anyhow::bail!("no CPU samples of kube-apiserver and etcd");
         };
         let (from, to) = (first.at_s - first.dt_s, last.at_s);
-        let log = std::fs::read(apiserver_log)
-            .with_context(|| format!("reading {}", apiserver_log.display()))?;
-        let checks: Vec<CheckDone> = parse_checks(&String::from_utf8_lossy(&log), to)
-            .into_iter()
-            .filter(|c| c.at_s > from && c.at_s <= to)
-            .collect();
+        let checks = ended_between(apiserver_log, from, to)?;
         Ok(attribute(&steps, &checks, window_s))
     }
+}
+
+/// The checks `apiserver_log` shows ended after `from_s` and by `to_s`
+/// (seconds since the Unix epoch).
+pub fn ended_between(
+    apiserver_log: &std::path::Path,
+    from_s: f64,
+    to_s: f64,
+) -> Result<Vec<CheckDone>> {
+    Ok(between(&read_checks(apiserver_log, to_s)?, from_s, to_s))
+}
+
+/// Every check `apiserver_log` shows ended, its lines placed on the day
+/// nearest `near_s` ([`parse_checks`]).
+pub fn read_checks(apiserver_log: &std::path::Path, near_s: f64) -> Result<Vec<CheckDone>> {
+    let log = std::fs::read(apiserver_log)
+        .with_context(|| format!("reading {}", apiserver_log.display()))?;
+    Ok(parse_checks(&String::from_utf8_lossy(&log), near_s))
+}
+
+/// The `checks` that ended after `from_s` and by `to_s`.
+pub fn between(checks: &[CheckDone], from_s: f64, to_s: f64) -> Vec<CheckDone> {
+    checks
+        .iter()
+        .filter(|c| c.at_s > from_s && c.at_s <= to_s)
+        .cloned()
+        .collect()
+}
+
+/// `at` in seconds since the Unix epoch (0 before it).
+pub fn epoch_s(at: SystemTime) -> f64 {
+    at.duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 #[cfg(test)]

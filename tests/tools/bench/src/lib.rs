@@ -75,10 +75,18 @@ pub const BENCH_INFLIGHT: InflightLimits = InflightLimits {
 
 /// The control plane every bench tool starts: APF on, [`BENCH_INFLIGHT`].
 pub fn plane_options() -> ControlPlaneOptions {
-    ControlPlaneOptions {
+    let mut options = ControlPlaneOptions {
         priority_and_fairness: Some(BENCH_INFLIGHT),
         ..ControlPlaneOptions::default()
-    }
+    };
+    // Later flags win over the harness's own.
+    options
+        .apiserver_args
+        .extend(plane::APISERVER_ARGS.iter().map(|a| a.to_string()));
+    options
+        .etcd_args
+        .extend(plane::ETCD_ARGS.iter().map(|a| a.to_string()));
+    options
 }
 
 /// The command line of a tool whose every flag takes a value: (flag, value)
@@ -103,6 +111,11 @@ pub struct BenchOptions {
     pub churn_rate: u32,
     pub churn: Duration,
     pub steady: Duration,
+    /// How long after making kube-apiserver and etcd collect their garbage
+    /// ([`plane::collect_garbage`]) the windows at rest (steady and the
+    /// baseline) start: half of Go's forced period keeps every forced
+    /// collection away from their ends.
+    pub collection_offset: Duration,
     /// How long the control plane's window with no controller runs at
     /// least: long enough to hold one of kube-apiserver's consistency checks
     /// of every resource ([`checks`]). Zero: as long as steady, and the
@@ -170,9 +183,12 @@ impl BenchOptions {
             size,
             churn_rate: 10,
             churn: Duration::from_secs(60),
-            // Twice the default resync interval: a window of a whole number
-            // of intervals holds the same number of resyncs wherever it starts.
-            steady: Duration::from_secs(180),
+            // Four default resync intervals and three of Go's forced
+            // collections: a window of a whole number of intervals holds the
+            // same number of resyncs wherever it starts, and, started half a
+            // period after a collection, as many collections.
+            steady: Duration::from_secs(360),
+            collection_offset: plane::COLLECTION_PERIOD / 2,
             // The longest wait for a resource's check, and half a minute for
             // the checks themselves.
             check_window: checks::LONGEST_GAP + Duration::from_secs(30),
@@ -580,8 +596,14 @@ impl Bench {
         let workload = BenchWorkload::generate(&opts.size);
         let setup = workload.create(&client, opts.setup_parallelism).await?;
         log(&format!("workload created in {:.1} s", setup.as_secs_f64()));
-        let (baseline, consistency_check) =
-            rest_baseline(&cp, &client, opts.steady, opts.check_window).await?;
+        let (baseline, consistency_check) = rest_baseline(
+            &cp,
+            &client,
+            opts.steady,
+            opts.check_window,
+            opts.collection_offset,
+        )
+        .await?;
         Ok(Self {
             cp,
             client,
@@ -792,6 +814,11 @@ impl Bench {
                 .close(&mut phases, report::FOLLOWERS_PHASE, mark, &running)
                 .await?;
         }
+        plane::collect_garbage(&self.cp, &self.client).await?;
+        tokio::time::sleep(self.opts.collection_offset).await;
+        mark = self
+            .close(&mut phases, report::SETTLE_PHASE, mark, &running)
+            .await?;
         let followers_before = followers
             .iter()
             .map(controllers::Running::cpu)
@@ -828,18 +855,32 @@ impl Bench {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let requests = audit::read(&self.audit_log)?;
         let user = c.user();
+        let checks_done =
+            checks::read_checks(&self.cp.apiserver_log(), checks::epoch_s(SystemTime::now()))?;
+        let without_checks = |spend: Option<Spend>, from: SystemTime, to: SystemTime| match (
+            spend,
+            &self.consistency_check,
+        ) {
+            (Some(spend), Some(cost)) => Some(spend.with_checks(
+                &checks::between(&checks_done, checks::epoch_s(from), checks::epoch_s(to)),
+                cost,
+            )),
+            (spend, _) => spend,
+        };
         let phases: BTreeMap<String, Phase> = phases
             .into_iter()
             .map(|(name, mut phase, from, to)| {
                 phase.requests = audit::by_verb(&requests, &user, from, to);
                 phase.requests_by_resource =
                     audit::by_verb_and_resource(&requests, &user, from, to);
+                phase.control_plane = without_checks(phase.control_plane, from, to);
                 (name, phase)
             })
             .collect();
         if let (Some(r), Some((from, to))) = (resync.as_mut(), resync_window) {
             r.requests = audit::by_verb(&requests, &user, from, to);
             r.requests_by_resource = audit::by_verb_and_resource(&requests, &user, from, to);
+            r.control_plane = without_checks(r.control_plane, from, to);
         }
         let ghost = ghost.map(|(mut g, (from, to))| {
             g.requests_by_resource = audit::by_verb_and_resource(&requests, &user, from, to);
@@ -1349,6 +1390,7 @@ async fn rest_baseline(
     client: &Client,
     window: Duration,
     check_window: Duration,
+    collection_offset: Duration,
 ) -> Result<(Spend, Option<checks::CheckCost>)> {
     let window = window.max(check_window);
     compact_setup(cp, client).await?;
@@ -1356,27 +1398,39 @@ async fn rest_baseline(
         "control plane at rest with no controller: {} s",
         window.as_secs()
     ));
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    plane::collect_garbage(cp, client).await?;
+    tokio::time::sleep(collection_offset.max(Duration::from_secs(10))).await;
     let trace = if check_window.is_zero() {
         None
     } else {
         Some(checks::Trace::start(cp)?)
     };
     let start = PlaneSample::read(cp, client).await?;
-    let started = Instant::now();
+    let (started, from) = (Instant::now(), SystemTime::now());
     tokio::time::sleep(window).await;
     let end = PlaneSample::read(cp, client).await?;
     let window_s = started.elapsed().as_secs_f64();
-    let spend = end.since(&start, window_s);
+    let mut spend = end.since(&start, window_s);
+    let cost = match trace {
+        Some(trace) => {
+            let cost = trace.finish(&cp.apiserver_log(), window_s).await?;
+            let ended = checks::ended_between(
+                &cp.apiserver_log(),
+                checks::epoch_s(from),
+                checks::epoch_s(SystemTime::now()),
+            )?;
+            spend = spend.with_checks(&ended, &cost);
+            Some(cost)
+        }
+        None => None,
+    };
     let per_min = spend.per_minute();
     log(&format!(
-        "control plane at rest with no controller, a minute: kube-apiserver {:.3} CPU-s, etcd {:.3} CPU-s, {:.0} response bytes",
-        per_min.apiserver_cpu_s, per_min.etcd_cpu_s, per_min.response_bytes
+        "control plane at rest with no controller, a minute, its {} consistency checks left out: kube-apiserver {:.3} CPU-s, etcd {:.3} CPU-s, {:.0} response bytes",
+        spend.checks_in_window, per_min.apiserver_cpu_s, per_min.etcd_cpu_s, per_min.response_bytes
     ));
-    let Some(trace) = trace else {
-        return Ok((spend, None));
-    };
-    let cost = trace.finish(&cp.apiserver_log(), window_s).await?;
-    log(report::checks_text(&cost).trim_end());
-    Ok((spend, Some(cost)))
+    if let Some(cost) = &cost {
+        log(report::checks_text(cost).trim_end());
+    }
+    Ok((spend, cost))
 }

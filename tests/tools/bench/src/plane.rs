@@ -5,14 +5,42 @@
 //! minutes after they were sent, in whichever window that falls). A controller's
 //! cost to the control plane is a window with it running against the same
 //! window with no controller ([`Spend::attributable_per_min`]).
+//!
+//! Two clocks of the control plane's own run through every window whatever
+//! the controller does, and each alone moves a window of a few minutes by
+//! more than a controller adds at rest: kube-apiserver's consistency checks
+//! (a check of 30,000 pods costs about 2 CPU-seconds, each resource's every
+//! 5 to 7.5 minutes) and Go's collection of kube-apiserver's and etcd's
+//! heaps, forced every 2 minutes when nothing else triggered one. A window's
+//! checks are taken out at their measured cost ([`Spend::with_checks`]);
+//! the collections are lined up ([`collect_garbage`]), so that a window
+//! starting half a period after one holds one forced collection per
+//! [`COLLECTION_PERIOD`] of its length.
+
+use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use kube::Client;
 use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use eg_harness::ControlPlane;
 use eg_workload::metrics::sample_sum;
 use eg_workload::procstat::CpuSample;
+
+use crate::checks::{CheckCost, CheckDone};
+
+/// Go's forced collection period (`forcegcperiod`): a program whose heap
+/// grew too little to trigger a collection gets one two minutes after the
+/// last.
+pub const COLLECTION_PERIOD: Duration = Duration::from_secs(120);
+
+/// kube-apiserver flag serving `/debug/pprof`, whose heap profile collects
+/// first when asked (`gc=1`): [`collect_garbage`].
+pub const APISERVER_ARGS: [&str; 1] = ["--profiling=true"];
+
+/// etcd flag serving `/debug/pprof` on its client URL.
+pub const ETCD_ARGS: [&str; 1] = ["--enable-pprof"];
 
 /// The control plane's counters at one moment.
 #[derive(Clone, Debug, Default)]
@@ -44,6 +72,18 @@ pub struct Spend {
     /// priority level: in a window with one controller, its requests.
     #[serde(default)]
     pub apf_seats: f64,
+    /// kube-apiserver's CPU in the consistency checks that ended in the
+    /// window, each at its resource's mean cost per check in the window
+    /// with no controller ([`Spend::with_checks`]); [`Spend::per_minute`]
+    /// and [`Spend::added_over`] leave it out.
+    #[serde(default)]
+    pub checks_apiserver_cpu_s: f64,
+    /// The same for etcd.
+    #[serde(default)]
+    pub checks_etcd_cpu_s: f64,
+    /// Those checks, every resource.
+    #[serde(default)]
+    pub checks_in_window: u32,
 }
 
 /// The three figures of a [`Spend`]: over a minute, or in total.
@@ -98,8 +138,50 @@ impl PlaneSample {
             response_bytes: grown(self.response_bytes, earlier.response_bytes),
             consistency_checks: grown(self.consistency_checks, earlier.consistency_checks),
             apf_seats: grown(self.apf_seats, earlier.apf_seats),
+            ..Spend::default()
         }
     }
+}
+
+/// Makes kube-apiserver and the etcd member collect their garbage now
+/// (their heap profiles with `gc=1`, which [`APISERVER_ARGS`] and
+/// [`ETCD_ARGS`] serve). A window starting half a [`COLLECTION_PERIOD`]
+/// later, with nothing allocating much, has their forced collections half a
+/// period from either end: one per period of its length, not one more or
+/// less depending on where it started.
+pub async fn collect_garbage(cp: &ControlPlane, client: &Client) -> Result<()> {
+    let request = http::Request::get("/debug/pprof/heap?gc=1&debug=1")
+        .body(Vec::new())
+        .context("building GET /debug/pprof/heap")?;
+    client
+        .request_text(request)
+        .await
+        .context("asking kube-apiserver to collect its garbage (is --profiling on?)")?;
+    let url = cp.etcd_client_url();
+    let addr = url.strip_prefix("http://").unwrap_or(&url);
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .with_context(|| format!("connecting to etcd at {addr}"))?;
+    stream
+        .write_all(
+            format!("GET /debug/pprof/heap?gc=1&debug=1 HTTP/1.0\r\nHost: {addr}\r\n\r\n")
+                .as_bytes(),
+        )
+        .await
+        .context("asking etcd to collect its garbage")?;
+    let mut answer = Vec::new();
+    stream
+        .read_to_end(&mut answer)
+        .await
+        .context("reading etcd's heap profile")?;
+    let status = answer.split(|&b| b == b'\n').next().unwrap_or_default();
+    let status = String::from_utf8_lossy(status);
+    anyhow::ensure!(
+        status.split_whitespace().nth(1) == Some("200"),
+        "etcd answered {} to GET /debug/pprof/heap (is --enable-pprof on?)",
+        status.trim_end()
+    );
+    Ok(())
 }
 
 /// The seats API Priority and Fairness estimated for each request, summed
@@ -140,6 +222,37 @@ impl Cost {
 }
 
 impl Spend {
+    /// This window with `checks` (those that ended in it) costed at their
+    /// resources' mean per check in `cost`. A resource `cost` saw no check
+    /// of is counted in `checks_in_window` but costs nothing.
+    pub fn with_checks(mut self, checks: &[CheckDone], cost: &CheckCost) -> Spend {
+        self.checks_apiserver_cpu_s = 0.0;
+        self.checks_etcd_cpu_s = 0.0;
+        self.checks_in_window = 0;
+        for check in checks {
+            self.checks_in_window += 1;
+            let Some(each) = cost.resources.get(&check.resource) else {
+                continue;
+            };
+            if each.checks > 0 {
+                let n = f64::from(each.checks);
+                self.checks_apiserver_cpu_s += each.apiserver_cpu_s / n;
+                self.checks_etcd_cpu_s += each.etcd_cpu_s / n;
+            }
+        }
+        self
+    }
+
+    /// kube-apiserver's CPU less its checks'.
+    fn apiserver_cpu_s_less_checks(&self) -> f64 {
+        self.apiserver_cpu_s - self.checks_apiserver_cpu_s
+    }
+
+    /// etcd's CPU less its share of the checks.
+    fn etcd_cpu_s_less_checks(&self) -> f64 {
+        self.etcd_cpu_s - self.checks_etcd_cpu_s
+    }
+
     fn per_min(&self, value: f64) -> f64 {
         if self.window_s > 0.0 {
             value * 60.0 / self.window_s
@@ -148,18 +261,19 @@ impl Spend {
         }
     }
 
-    /// A minute of this window.
+    /// A minute of this window, its consistency checks left out.
     pub fn per_minute(&self) -> Cost {
         Cost {
-            apiserver_cpu_s: self.per_min(self.apiserver_cpu_s),
-            etcd_cpu_s: self.per_min(self.etcd_cpu_s),
+            apiserver_cpu_s: self.per_min(self.apiserver_cpu_s_less_checks()),
+            etcd_cpu_s: self.per_min(self.etcd_cpu_s_less_checks()),
             response_bytes: self.per_min(self.response_bytes),
             apf_seats: self.per_min(self.apf_seats),
         }
     }
 
-    /// This window's spend less what `baseline` spends in as long: what a
-    /// controller added over the whole window.
+    /// This window's spend less what `baseline` spends in as long, both
+    /// without their consistency checks: what a controller added over the
+    /// whole window.
     pub fn added_over(&self, baseline: &Spend) -> Cost {
         let rate = |value: f64| {
             if baseline.window_s > 0.0 {
@@ -169,15 +283,17 @@ impl Spend {
             }
         };
         Cost {
-            apiserver_cpu_s: self.apiserver_cpu_s - rate(baseline.apiserver_cpu_s),
-            etcd_cpu_s: self.etcd_cpu_s - rate(baseline.etcd_cpu_s),
+            apiserver_cpu_s: self.apiserver_cpu_s_less_checks()
+                - rate(baseline.apiserver_cpu_s_less_checks()),
+            etcd_cpu_s: self.etcd_cpu_s_less_checks() - rate(baseline.etcd_cpu_s_less_checks()),
             response_bytes: self.response_bytes - rate(baseline.response_bytes),
             apf_seats: self.apf_seats - rate(baseline.apf_seats),
         }
     }
 
     /// A minute of this window less a minute of `baseline` (the same
-    /// control plane with no controller): what the controller added. Noise
+    /// control plane with no controller), both without their consistency
+    /// checks: what the controller added. Noise
     /// can make it negative; it is reported as measured.
     pub fn attributable_per_min(&self, baseline: &Spend) -> Cost {
         let (with, without) = (self.per_minute(), baseline.per_minute());
@@ -200,9 +316,49 @@ mod tests {
             apiserver_cpu_s: apiserver,
             etcd_cpu_s: etcd,
             response_bytes: bytes,
-            consistency_checks: 0.0,
             apf_seats: bytes / 1000.0,
+            ..Spend::default()
         }
+    }
+
+    fn check(resource: &str) -> CheckDone {
+        CheckDone {
+            at_s: 0.0,
+            resource: resource.to_string(),
+            erred: false,
+        }
+    }
+
+    #[test]
+    fn checks_are_left_out_at_their_mean_cost() {
+        let mut cost = CheckCost::default();
+        cost.resources.insert(
+            "core/pods".to_string(),
+            crate::checks::ResourceChecks {
+                checks: 2,
+                errors: 0,
+                apiserver_cpu_s: 4.0,
+                etcd_cpu_s: 1.0,
+            },
+        );
+        // 120 s with a controller holding one check of the pods and one of a
+        // resource the baseline never saw checked, against 240 s with none.
+        let with = spend(120.0, 5.0, 1.5, 0.0)
+            .with_checks(&[check("core/pods"), check("core/nodes")], &cost);
+        assert_eq!(with.checks_in_window, 2);
+        assert!((with.checks_apiserver_cpu_s - 2.0).abs() < 1e-9);
+        assert!((with.checks_etcd_cpu_s - 0.5).abs() < 1e-9);
+        let baseline = spend(240.0, 4.0, 2.0, 0.0).with_checks(&[], &cost);
+        let added = with.attributable_per_min(&baseline);
+        // (5 - 2) / 2 min - 4 / 4 min; (1.5 - 0.5) / 2 - 2 / 4.
+        assert!((added.apiserver_cpu_s - 0.5).abs() < 1e-9);
+        assert!(added.etcd_cpu_s.abs() < 1e-9);
+        let over = with.added_over(&baseline);
+        assert!((over.apiserver_cpu_s - 1.0).abs() < 1e-9);
+        // Costed again, not added to what was there.
+        let again = with.with_checks(&[check("core/pods")], &cost);
+        assert_eq!(again.checks_in_window, 1);
+        assert!((again.checks_apiserver_cpu_s - 2.0).abs() < 1e-9);
     }
 
     #[test]

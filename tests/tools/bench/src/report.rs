@@ -87,7 +87,9 @@ pub struct RunResult {
     pub in_process: Option<InProcess>,
     /// What the controller added to kube-apiserver's CPU at rest: seconds a
     /// minute in steady less a minute of the same control plane with no
-    /// controller (`control_plane_baseline`). Noise can make it negative.
+    /// controller (`control_plane_baseline`), both without kube-apiserver's
+    /// consistency checks that ended in them ([`Spend::with_checks`]).
+    /// Noise can make it negative.
     /// None in reports written before it was measured.
     #[serde(default)]
     pub apiserver_cpu_s_per_min_at_rest: Option<f64>,
@@ -307,6 +309,14 @@ pub fn ghost_text(run: &RunResult) -> String {
 /// The phase in which a replicated endpoints-guard's followers start.
 pub(super) const FOLLOWERS_PHASE: &str = "followers";
 
+/// The pause before steady between making kube-apiserver and etcd collect
+/// their garbage and steady's start ([`crate::plane::collect_garbage`]).
+pub(super) const SETTLE_PHASE: &str = "settle";
+
+/// Phases kept in `phases` but not in a run's totals, which are the
+/// measured process's cold sync, churn and steady.
+const UNCOUNTED_PHASES: [&str; 2] = [FOLLOWERS_PHASE, SETTLE_PHASE];
+
 pub(super) struct Parts<'a> {
     pub size: &'a BenchOptions,
     pub kind: Kind,
@@ -378,13 +388,13 @@ pub(super) fn assemble(parts: Parts<'_>) -> RunResult {
     let opts = parts.size;
     let mut requests = BTreeMap::new();
     let (mut cpu_s, mut writes) = (0.0, 0);
-    // The followers' start (replicas) is kept in `phases` but not in the
-    // run's totals: those are the measured process's cold sync, churn and
-    // steady, as with one replica.
+    // The followers' start (replicas) and the settling pause are kept in
+    // `phases` but not in the run's totals: those are the measured
+    // process's cold sync, churn and steady, as with one replica.
     for (_, phase) in parts
         .phases
         .iter()
-        .filter(|(name, _)| *name != FOLLOWERS_PHASE)
+        .filter(|(name, _)| !UNCOUNTED_PHASES.contains(&name.as_str()))
     {
         super::audit::add(&mut requests, &phase.requests);
         cpu_s += phase.cpu_s;
@@ -759,6 +769,16 @@ pub fn markdown(kind: Kind, runs: &[RunResult]) -> String {
             "API requests per s at rest (every verb but watch)",
             &|r| r.api_requests_per_s_at_rest,
             2,
+        );
+        out += &optional(
+            "kube-apiserver's consistency checks in steady, left out of the two rows below",
+            &|r| {
+                r.phases
+                    .get("steady")?
+                    .control_plane
+                    .map(|s| f64::from(s.checks_in_window))
+            },
+            0,
         );
         out += &optional(
             "kube-apiserver CPU s a minute at rest, added",
@@ -1294,16 +1314,20 @@ mod tests {
     }
 
     #[test]
-    fn the_followers_start_stays_out_of_the_runs_totals() {
+    fn the_followers_start_and_the_settling_stay_out_of_the_runs_totals() {
         let mut phases = BTreeMap::new();
         phases.insert("steady".to_string(), steady(60.0, &[("get", 300)]));
         let mut start = steady(20.0, &[("list", 40), ("watch", 3)]);
         start.cpu_s = 2.0;
         phases.insert(FOLLOWERS_PHASE.to_string(), start);
+        let mut settle = steady(60.0, &[("get", 300)]);
+        settle.cpu_s = 0.5;
+        phases.insert(SETTLE_PHASE.to_string(), settle);
         let replicated = run_of(Controller::Guard, None, phases);
         assert_eq!(replicated.requests, counts(&[("get", 300)]));
         assert_eq!(replicated.cpu_s, 0.0);
         assert!(replicated.phases.contains_key(FOLLOWERS_PHASE));
+        assert!(replicated.phases.contains_key(SETTLE_PHASE));
     }
 
     #[test]

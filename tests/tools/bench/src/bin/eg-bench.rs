@@ -11,6 +11,7 @@
 //!          [--guard-resync-secs N] [--guard-full-resync-secs N] [--ghost-scan-qps N] [--fast-qps N] [--repeat N]
 //!          [--ghost CONTROLLER[,CONTROLLER]...|none] [--ghost-kind endpoints|endpointslices|both|none]
 //!          [--ghost-timeout-secs N] [--etcd-compaction-secs N] [--guard-replicas N]
+//!          [--collection-offset-secs N]
 //!   CONTROLLER: endpoints-guard | kube-controller-manager | kube-controller-manager-fast
 //! eg-bench --render [--out DIR]    # rewrite the report*.md from report*.json
 //! ```
@@ -28,6 +29,9 @@
 //! `--guard-replicas` runs endpoints-guard as that many replicas electing a
 //! leader (default 2, the chart's `replicaCount`; 1: one process, no
 //! election): the followers join after churn, and steady measures them all.
+//! `--collection-offset-secs` is how long after kube-apiserver and etcd are
+//! made to collect their garbage the windows at rest start (default 60,
+//! half of Go's forced period; see `eg_bench::plane`).
 //!
 //! `SIZE` and `KIND` may also come from the environment (the flags win).
 
@@ -45,7 +49,8 @@ fn usage() -> &'static str {
      [--only endpoints-guard|kube-controller-manager|kube-controller-manager-fast[,...]] \
      [--upstream-arg FLAG]... [--apiserver-arg FLAG]... [--guard-resync-secs N] [--guard-full-resync-secs N] [--ghost-scan-qps N] [--fast-qps N] [--repeat N] \
      [--ghost CONTROLLER[,...]|none] [--ghost-kind endpoints|endpointslices|both|none] \
-     [--ghost-timeout-secs N] [--etcd-compaction-secs N] [--guard-replicas N] | eg-bench --render [--out DIR]"
+     [--ghost-timeout-secs N] [--etcd-compaction-secs N] [--guard-replicas N] \
+     [--collection-offset-secs N] | eg-bench --render [--out DIR]"
 }
 
 /// `--only` and `--ghost`: controller names, comma-separated.
@@ -93,6 +98,7 @@ fn parse() -> Result<BenchOptions> {
             "--churn-secs" => opts.churn = secs(&value)?,
             "--steady-secs" => opts.steady = secs(&value)?,
             "--check-window-secs" => opts.check_window = secs(&value)?,
+            "--collection-offset-secs" => opts.collection_offset = secs(&value)?,
             "--resync-secs" => opts.resync_phase_interval = secs(&value)?,
             "--guard-resync-secs" => opts.guard_resync_interval = Some(secs(&value)?),
             "--guard-full-resync-secs" => opts.guard_full_resync_interval = Some(secs(&value)?),
