@@ -150,11 +150,7 @@ impl PlaneSample {
 /// period from either end: one per period of its length, not one more or
 /// less depending on where it started.
 pub async fn collect_garbage(cp: &ControlPlane, client: &Client) -> Result<()> {
-    let request = http::Request::get("/debug/pprof/heap?gc=1&debug=1")
-        .body(Vec::new())
-        .context("building GET /debug/pprof/heap")?;
-    client
-        .request_text(request)
+    apiserver_text(client, "/debug/pprof/heap?gc=1&debug=1")
         .await
         .context("asking kube-apiserver to collect its garbage (is --profiling on?)")?;
     let url = cp.etcd_client_url();
@@ -190,13 +186,20 @@ const SEATS: &str = "apiserver_flowcontrol_work_estimated_seats_sum";
 
 /// kube-apiserver's `/metrics`, as text.
 pub async fn apiserver_metrics(client: &Client) -> Result<String> {
-    let request = http::Request::get("/metrics")
+    apiserver_text(client, "/metrics")
+        .await
+        .context("reading kube-apiserver's /metrics")
+}
+
+/// What kube-apiserver answers a GET of `path`, as text.
+async fn apiserver_text(client: &Client, path: &str) -> Result<String> {
+    let request = http::Request::get(path)
         .body(Vec::new())
-        .context("building GET /metrics")?;
+        .with_context(|| format!("building GET {path}"))?;
     client
         .request_text(request)
         .await
-        .context("reading kube-apiserver's /metrics")
+        .with_context(|| format!("GET {path}"))
 }
 
 /// How much a counter grew from `then` to `now`; one that went back was
