@@ -416,8 +416,10 @@ struct Bench {
     guard: Option<GuardDefaults>,
     setup_s: f64,
     /// What the control plane spends at rest with no controller running,
-    /// a minute of it as of a window as long as steady's.
-    baseline: Spend,
+    /// in the window after the workload's setup.
+    setup_baseline: Spend,
+    /// The same in the current round's window, once taken.
+    round_baseline: Option<Spend>,
     /// What kube-apiserver's consistency checks cost in the same window;
     /// `None` when not measured (`check_window` zero).
     consistency_check: Option<checks::CheckCost>,
@@ -445,8 +447,9 @@ pub async fn run(opts: BenchOptions) -> Result<Vec<RunResult>> {
             } else {
                 bench.opts.out_dir.clone()
             };
-            let mut runs = Vec::new();
+            let mut runs: Vec<RunResult> = Vec::new();
             let mut latencies = Vec::new();
+            bench.round_baseline = None;
             for &controller in &bench.opts.controllers.clone() {
                 if measured {
                     bench.reset().await?;
@@ -458,6 +461,16 @@ pub async fn run(opts: BenchOptions) -> Result<Vec<RunResult>> {
                 let (run, lat) = bench.measure(controller).await?;
                 runs.push(run);
                 latencies.push((controller, lat));
+                if bench.round_baseline.is_none() {
+                    // Beside the round's controllers rather than minutes
+                    // after the workload's creation, which leaves the
+                    // control plane busier for a while.
+                    let window = bench.round_window().await?;
+                    for run in &mut runs {
+                        run.measure_at_rest(window);
+                    }
+                    bench.round_baseline = Some(window);
+                }
                 // After every run, so a long run stopped part way keeps what it measured.
                 report::write_all(&out_dir, kind, &bench.opts.size.name, &runs, &latencies)?;
             }
@@ -596,12 +609,18 @@ impl Bench {
         let workload = BenchWorkload::generate(&opts.size);
         let setup = workload.create(&client, opts.setup_parallelism).await?;
         log(&format!("workload created in {:.1} s", setup.as_secs_f64()));
-        let (baseline, consistency_check) = rest_baseline(
+        compact_setup(&cp, &client).await?;
+        let window = opts.steady.max(opts.check_window);
+        log(&format!(
+            "control plane at rest with no controller, after the workload's setup: {} s",
+            window.as_secs()
+        ));
+        let (setup_baseline, consistency_check) = window_at_rest(
             &cp,
             &client,
-            opts.steady,
-            opts.check_window,
+            window,
             opts.collection_offset,
+            Checks::Trace(!opts.check_window.is_zero()),
         )
         .await?;
         Ok(Self {
@@ -615,10 +634,31 @@ impl Bench {
             kubeconfigs,
             guard,
             setup_s: setup.as_secs_f64(),
-            baseline,
+            setup_baseline,
+            round_baseline: None,
             consistency_check,
             _dir: dir,
         })
+    }
+
+    /// The current round's window with no controller, as long as steady:
+    /// taken after its first controller stopped, its objects still stored
+    /// as in steady, and its checks left out at the cost measured after
+    /// setup.
+    async fn round_window(&self) -> Result<Spend> {
+        log(&format!(
+            "control plane at rest with no controller, this round's window: {} s",
+            self.opts.steady.as_secs()
+        ));
+        let (spend, _) = window_at_rest(
+            &self.cp,
+            &self.client,
+            self.opts.steady,
+            self.opts.collection_offset,
+            Checks::Known(self.consistency_check.as_ref()),
+        )
+        .await?;
+        Ok(spend)
     }
 
     /// Between controllers: every pod Ready again, no Endpoints or
@@ -914,7 +954,8 @@ impl Bench {
                 .and_then(|g| g.full_resync_interval),
             ghost,
             in_process,
-            baseline: self.baseline,
+            baseline: self.round_baseline.unwrap_or(self.setup_baseline),
+            setup_baseline: self.setup_baseline,
             consistency_check: self.consistency_check.clone(),
             guard_replicas: (c == Controller::Guard).then_some(self.opts.guard_replicas),
             followers_cpu_s_per_min_at_rest,
@@ -1380,56 +1421,62 @@ async fn compact_setup(cp: &ControlPlane, client: &Client) -> Result<()> {
     Ok(())
 }
 
-/// What the control plane spends at rest with no controller, over the
-/// longer of `window` and `check_window` after the workload's history is
-/// compacted away and a settling pause (the creation winds down), and what
-/// kube-apiserver's consistency checks cost in it (`None` when
-/// `check_window` is zero).
-async fn rest_baseline(
+/// How a window at rest leaves kube-apiserver's consistency checks out.
+#[derive(Clone, Copy)]
+enum Checks<'a> {
+    /// Measures what each costs in the window (with `true`; with `false`
+    /// they stay in).
+    Trace(bool),
+    /// At this cost each.
+    Known(Option<&'a checks::CheckCost>),
+}
+
+/// What the control plane spends at rest with no controller over `window`,
+/// which starts `collection_offset` (at least 10 s: a settling pause) after
+/// kube-apiserver and etcd were made to collect their garbage, with the
+/// consistency checks that ended in it left out, and their cost when
+/// measured here.
+async fn window_at_rest(
     cp: &ControlPlane,
     client: &Client,
     window: Duration,
-    check_window: Duration,
     collection_offset: Duration,
+    left_out: Checks<'_>,
 ) -> Result<(Spend, Option<checks::CheckCost>)> {
-    let window = window.max(check_window);
-    compact_setup(cp, client).await?;
-    log(&format!(
-        "control plane at rest with no controller: {} s",
-        window.as_secs()
-    ));
     plane::collect_garbage(cp, client).await?;
     tokio::time::sleep(collection_offset.max(Duration::from_secs(10))).await;
-    let trace = if check_window.is_zero() {
-        None
-    } else {
-        Some(checks::Trace::start(cp)?)
+    let trace = match left_out {
+        Checks::Trace(true) => Some(checks::Trace::start(cp)?),
+        _ => None,
     };
     let start = PlaneSample::read(cp, client).await?;
     let (started, from) = (Instant::now(), SystemTime::now());
     tokio::time::sleep(window).await;
     let end = PlaneSample::read(cp, client).await?;
     let window_s = started.elapsed().as_secs_f64();
-    let mut spend = end.since(&start, window_s);
-    let cost = match trace {
-        Some(trace) => {
-            let cost = trace.finish(&cp.apiserver_log(), window_s).await?;
+    let spend = end.since(&start, window_s);
+    let cost = match (trace, left_out) {
+        (Some(trace), _) => Some(trace.finish(&cp.apiserver_log(), window_s).await?),
+        (None, Checks::Known(cost)) => cost.cloned(),
+        (None, Checks::Trace(_)) => None,
+    };
+    let spend = match &cost {
+        Some(cost) => {
             let ended = checks::ended_between(
                 &cp.apiserver_log(),
                 checks::epoch_s(from),
                 checks::epoch_s(SystemTime::now()),
             )?;
-            spend = spend.with_checks(&ended, &cost);
-            Some(cost)
+            spend.with_checks(&ended, cost)
         }
-        None => None,
+        None => spend,
     };
     let per_min = spend.per_minute();
     log(&format!(
         "control plane at rest with no controller, a minute, its {} consistency checks left out: kube-apiserver {:.3} CPU-s, etcd {:.3} CPU-s, {:.0} response bytes",
         spend.checks_in_window, per_min.apiserver_cpu_s, per_min.etcd_cpu_s, per_min.response_bytes
     ));
-    if let Some(cost) = &cost {
+    if let (Checks::Trace(true), Some(cost)) = (left_out, &cost) {
         log(report::checks_text(cost).trim_end());
     }
     Ok((spend, cost))

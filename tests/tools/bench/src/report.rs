@@ -105,9 +105,16 @@ pub struct RunResult {
     #[serde(default)]
     pub apf_seats_per_min_at_rest: Option<f64>,
     /// The control plane at rest with no controller, the figures above
-    /// are measured against.
+    /// are measured against: the window of the run's round, taken after
+    /// its first controller stopped (its objects still stored), else the
+    /// one after the workload's setup.
     #[serde(default)]
     pub control_plane_baseline: Option<Spend>,
+    /// The window with no controller after the workload's setup, which also
+    /// measured kube-apiserver's consistency checks; before each round had
+    /// its own window, the baseline (None in reports written before then).
+    #[serde(default)]
+    pub control_plane_after_setup: Option<Spend>,
     /// endpoints-guard: p99 of the pod flips sent while a resync ran, from
     /// the flip to the watch event showing it (beside it, `resync.churn`
     /// holds the p99 outside resyncs in the same process).
@@ -141,6 +148,38 @@ impl RunResult {
         let added = self.apiserver_cpu_s_per_min_at_rest? + self.etcd_cpu_s_per_min_at_rest?;
         let checks = self.consistency_check_cpu_s_per_min?;
         (checks > 0.0).then(|| added / checks)
+    }
+
+    /// Sets the figures at rest (`*_per_min_at_rest`) to what steady
+    /// spent less a minute of `baseline`, the control plane with no
+    /// controller; with full resyncs rarer than steady's resyncs, plus each
+    /// one's cost as the resync phase measured it, spread over the full
+    /// interval. None without a steady window on the control plane.
+    pub fn measure_at_rest(&mut self, baseline: Spend) {
+        let spread_full = match (self.full_resync_interval_s, self.resync_interval_s) {
+            (Some(full), Some(every)) if full > every && every > 0.0 => self
+                .resync
+                .as_ref()
+                .and_then(|r| r.control_plane)
+                .map(|spend| (spend.added_over(&baseline), full)),
+            _ => None,
+        };
+        let at_rest = self
+            .phases
+            .get("steady")
+            .and_then(|p| p.control_plane)
+            .map(|spend| {
+                let steady = spend.attributable_per_min(&baseline);
+                match spread_full {
+                    Some((full, interval_s)) => steady.plus_spread(full, interval_s),
+                    None => steady,
+                }
+            });
+        self.apiserver_cpu_s_per_min_at_rest = at_rest.map(|m| m.apiserver_cpu_s);
+        self.etcd_cpu_s_per_min_at_rest = at_rest.map(|m| m.etcd_cpu_s);
+        self.response_bytes_per_min_at_rest = at_rest.map(|m| m.response_bytes);
+        self.apf_seats_per_min_at_rest = at_rest.map(|m| m.apf_seats);
+        self.control_plane_baseline = at_rest.map(|_| baseline);
     }
 
     /// The pod flips of the resync phase, filed by whether a resync ran.
@@ -337,7 +376,11 @@ pub(super) struct Parts<'a> {
     pub ghost: Option<Ghost>,
     pub client_qps: Option<u32>,
     pub in_process: Option<InProcess>,
+    /// The window with no controller the figures at rest are measured
+    /// against (see [`RunResult::measure_at_rest`]).
     pub baseline: Spend,
+    /// The window with no controller after the workload's setup.
+    pub setup_baseline: Spend,
     pub consistency_check: Option<CheckCost>,
     pub guard_replicas: Option<u32>,
     pub followers_cpu_s_per_min_at_rest: Option<f64>,
@@ -410,33 +453,16 @@ pub(super) fn assemble(parts: Parts<'_>) -> RunResult {
         parts.full_resync_interval.map(|i| i.as_secs_f64()),
     );
     let full_resync_interval_s = parts.full_resync_interval.map(|i| i.as_secs_f64());
-    // Full resyncs rarer than the resyncs steady holds: each one's cost, as
-    // the resync phase measured it, spread over the full interval.
-    let spread_full = match (full_resync_interval_s, resync_interval_s) {
-        (Some(full), Some(every)) if full > every && every > 0.0 => parts
-            .resync
-            .as_ref()
-            .and_then(|r| r.control_plane)
-            .map(|spend| (spend.added_over(&parts.baseline), full)),
-        _ => None,
-    };
-    let at_rest = parts
+    let steady_on_plane = parts
         .phases
         .get("steady")
-        .and_then(|p| p.control_plane)
-        .map(|spend| {
-            let steady = spend.attributable_per_min(&parts.baseline);
-            match spread_full {
-                Some((full, interval_s)) => steady.plus_spread(full, interval_s),
-                None => steady,
-            }
-        });
+        .is_some_and(|p| p.control_plane.is_some());
     let churn_p99_during_resync_ms = parts
         .resync
         .as_ref()
         .and_then(|r| r.churn.as_ref())
         .and_then(|c| c.during_p99_ms);
-    RunResult {
+    let mut run = RunResult {
         size: opts.size.name.clone(),
         kind: parts.kind,
         controller: parts.controller,
@@ -470,11 +496,12 @@ pub(super) fn assemble(parts: Parts<'_>) -> RunResult {
         full_resync_interval_s,
         client_qps: parts.client_qps,
         in_process: parts.in_process,
-        apiserver_cpu_s_per_min_at_rest: at_rest.map(|m| m.apiserver_cpu_s),
-        etcd_cpu_s_per_min_at_rest: at_rest.map(|m| m.etcd_cpu_s),
-        response_bytes_per_min_at_rest: at_rest.map(|m| m.response_bytes),
-        apf_seats_per_min_at_rest: at_rest.map(|m| m.apf_seats),
-        control_plane_baseline: at_rest.map(|_| parts.baseline),
+        apiserver_cpu_s_per_min_at_rest: None,
+        etcd_cpu_s_per_min_at_rest: None,
+        response_bytes_per_min_at_rest: None,
+        apf_seats_per_min_at_rest: None,
+        control_plane_baseline: None,
+        control_plane_after_setup: steady_on_plane.then_some(parts.setup_baseline),
         churn_p99_during_resync_ms,
         consistency_check_cpu_s_per_min: parts
             .consistency_check
@@ -483,7 +510,9 @@ pub(super) fn assemble(parts: Parts<'_>) -> RunResult {
         consistency_check: parts.consistency_check,
         guard_replicas: parts.guard_replicas,
         followers_cpu_s_per_min_at_rest: parts.followers_cpu_s_per_min_at_rest,
-    }
+    };
+    run.measure_at_rest(parts.baseline);
+    run
 }
 
 #[derive(Serialize, Deserialize, Default)]
@@ -779,6 +808,22 @@ pub fn markdown(kind: Kind, runs: &[RunResult]) -> String {
                     .map(|s| f64::from(s.checks_in_window))
             },
             0,
+        );
+        let with_no_controller = |spend: Option<Spend>| {
+            spend.map(|s| {
+                let minute = s.per_minute();
+                minute.apiserver_cpu_s + minute.etcd_cpu_s
+            })
+        };
+        out += &optional(
+            "kube-apiserver + etcd CPU s a minute with no controller, checks left out: the round's window, the zero of the rows below",
+            &|r| with_no_controller(r.control_plane_baseline),
+            3,
+        );
+        out += &optional(
+            "the same, the window after the workload's setup",
+            &|r| with_no_controller(r.control_plane_after_setup),
+            3,
         );
         out += &optional(
             "kube-apiserver CPU s a minute at rest, added",
@@ -1246,10 +1291,39 @@ mod tests {
             client_qps: (!guard).then_some(20),
             in_process: None,
             baseline: Spend::default(),
+            setup_baseline: Spend::default(),
             consistency_check: None,
             guard_replicas: guard.then_some(1),
             followers_cpu_s_per_min_at_rest: None,
         })
+    }
+
+    fn spend(window_s: f64, apiserver_cpu_s: f64, etcd_cpu_s: f64) -> Spend {
+        Spend {
+            window_s,
+            apiserver_cpu_s,
+            etcd_cpu_s,
+            ..Spend::default()
+        }
+    }
+
+    #[test]
+    fn the_rounds_window_replaces_the_one_after_setup_as_the_zero() {
+        let mut phases = BTreeMap::new();
+        let mut steady_phase = steady(360.0, &[("get", 300)]);
+        steady_phase.control_plane = Some(spend(360.0, 12.0, 6.0));
+        phases.insert("steady".to_string(), steady_phase);
+        // Steady spent 2 + 1 CPU-s a minute; so did the window after setup.
+        let mut run = run_of(Controller::Upstream, None, phases);
+        assert_eq!(run.control_plane_after_setup, Some(Spend::default()));
+        run.measure_at_rest(spend(480.0, 16.0, 8.0));
+        assert_eq!(run.apiserver_cpu_s_per_min_at_rest, Some(0.0));
+        assert_eq!(run.etcd_cpu_s_per_min_at_rest, Some(0.0));
+        // The round's quieter window: what the controller added grows.
+        run.measure_at_rest(spend(360.0, 9.0, 3.0));
+        assert_eq!(run.apiserver_cpu_s_per_min_at_rest, Some(0.5));
+        assert_eq!(run.etcd_cpu_s_per_min_at_rest, Some(0.5));
+        assert_eq!(run.control_plane_baseline, Some(spend(360.0, 9.0, 3.0)));
     }
 
     fn ghost(found_s: Option<f64>) -> Ghost {
