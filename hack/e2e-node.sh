@@ -58,11 +58,47 @@ if [ "$profile" = release ]; then
 else
   (cd "$root" && "$cargo" build -p endpoints-guard -p watch-chaos --bins)
 fi
+(cd "$root" && "$cargo" build -q -p eg-node --bin eg-node-clean)
+cleaner="$root/target/debug/eg-node-clean"
 log "building the node images"
 EG_BIN_DIR="$root/target/$profile" bash "$root/hack/node-images.sh" >/dev/null
 
+# Process $1 and everything under it, deepest first (none is reparented
+# before it is signalled).
+kill_tree() {
+  local child
+  for child in $(pgrep -P "$1"); do kill_tree "$child"; done
+  kill -TERM "$1" 2>/dev/null || true
+}
+
+# Stopped or killed part way (Ctrl-C, a job stopped, a CI timeout), the
+# test process dies without taking its node down: do it here, so no
+# kubelet, shim, bridge or rule outlives the run.
+rows_pid=
+take_down() {
+  local status=$?
+  trap - EXIT INT TERM
+  if [ -n "$rows_pid" ]; then
+    kill_tree "$rows_pid"
+    wait "$rows_pid" 2>/dev/null || true
+  fi
+  if [ -e /run/eg-e2e-node.json ]; then
+    log "taking down the node of the interrupted run"
+    "$cleaner" || log "the node was not fully taken down; the next run tries again"
+  fi
+  exit "$status"
+}
+trap take_down EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# In the background so a signal reaches take_down at once, not when the
+# test ends.
 rows() {
-  (cd "$root" && EG_E2E_NODE="$form" "$cargo" test --test e2e -- --nocapture --exact real_node::rows_under_traffic)
+  (cd "$root" && EG_E2E_NODE="$form" "$cargo" test --test e2e -- --nocapture --exact real_node::rows_under_traffic) &
+  rows_pid=$!
+  wait "$rows_pid"
+  rows_pid=
 }
 if [ -n "${EG_E2E_NODE_ONLY:-}" ]; then
   log "running tests/e2e/real_node/ ($form, $EG_E2E_NODE_ONLY only)"
