@@ -11,7 +11,8 @@
 # containernetworking-plugins, iptables, nftables, conntrack, ca-certificates);
 # not root, or without apt-get, it says so in one line and exits 0. It refuses to run
 # beside a kubelet, containerd or kube-proxy it did not start. The host is
-# compared before and after; a failed run keeps its logs and prints where.
+# compared before and after; a failed run keeps its logs and prints where;
+# a run stopped part way (INT, TERM) takes its node down before it exits.
 #
 # Environment:
 #   EG_IMAGE_PROFILE  cargo profile whose binaries go into the controller image:
