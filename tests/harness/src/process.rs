@@ -200,18 +200,72 @@ pub fn free_port() -> Result<u16> {
     Ok(free_ports::<1>()?[0])
 }
 
-/// `N` distinct TCP ports on 127.0.0.1 that were free a moment ago (all
-/// bound at once, so none repeats).
+/// `N` distinct TCP ports on 127.0.0.1 that were free a moment ago.
+///
+/// Between picking a port and the program binding it, the port must stay
+/// free. A port the kernel hands out for `bind(0)` lies in the ephemeral
+/// range, where any outgoing connection (kube-apiserver to etcd, a client
+/// to kube-apiserver) may take it in that moment: etcd then fails with
+/// "address already in use". So ports come from below the ephemeral range,
+/// which only explicit binds use, walked by one counter per process (no
+/// port repeats within a run) from a start that differs between processes.
 pub fn free_ports<const N: usize>() -> Result<[u16; N]> {
+    static NEXT: Mutex<Option<u32>> = Mutex::new(None);
+    let range = outside_ephemeral(&std::fs::read_to_string(EPHEMERAL_RANGE).unwrap_or_default());
+    let span = u32::from(range.end.saturating_sub(range.start));
+    if span == 0 {
+        return Err(anyhow!(
+            "no port on 127.0.0.1 lies outside the ephemeral range"
+        ));
+    }
+    let mut next = NEXT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut offset = next.unwrap_or_else(|| std::process::id().wrapping_mul(7919) % span);
     let mut listeners = Vec::with_capacity(N);
     let mut ports = [0; N];
     for port in &mut ports {
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-            .context("binding 127.0.0.1:0 to pick a port")?;
+        let mut tried = 0;
+        let listener = loop {
+            if tried == span {
+                return Err(anyhow!("no free port on 127.0.0.1 in {range:?}"));
+            }
+            let candidate = range.start + u16::try_from(offset % span)?;
+            offset = (offset + 1) % span;
+            tried += 1;
+            if let Ok(listener) = TcpListener::bind((Ipv4Addr::LOCALHOST, candidate)) {
+                break listener;
+            }
+        };
         *port = listener.local_addr()?.port();
         listeners.push(listener);
     }
+    *next = Some(offset);
     Ok(ports)
+}
+
+const EPHEMERAL_RANGE: &str = "/proc/sys/net/ipv4/ip_local_port_range";
+
+/// Ports no outgoing connection takes, given the contents of
+/// `ip_local_port_range`: the 10,000 below its start when there is room,
+/// else those above its end (Linux's default start is 32768). Kept below
+/// 30000 too, where the default NodePort range begins.
+fn outside_ephemeral(ip_local_port_range: &str) -> std::ops::Range<u16> {
+    const SPAN: u16 = 10_000;
+    const NODE_PORTS_START: u16 = 30_000;
+    let mut bounds = ip_local_port_range
+        .split_whitespace()
+        .map(|bound| bound.parse::<u16>().ok());
+    let (low, high) = match (bounds.next().flatten(), bounds.next().flatten()) {
+        (Some(low), Some(high)) if low <= high => (low, high),
+        _ => (32768, 60999),
+    };
+    let top = low.min(NODE_PORTS_START);
+    if top >= 1024 + SPAN {
+        top - SPAN..top
+    } else {
+        high.saturating_add(1).max(1024)..u16::MAX
+    }
 }
 
 type SpawnRequest = (Command, mpsc::Sender<std::io::Result<Child>>);
@@ -265,4 +319,32 @@ fn spawn_dying_with_us(mut command: Command) -> std::io::Result<Child> {
     reply_rx
         .recv()
         .map_err(|_| std::io::Error::other("spawner thread is gone"))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ports_lie_below_the_ephemeral_range_when_there_is_room() {
+        assert_eq!(outside_ephemeral("32768\t60999\n"), 20000..30000);
+        assert_eq!(outside_ephemeral("15000 60999"), 5000..15000);
+        assert_eq!(outside_ephemeral("5000 65000"), 65001..u16::MAX);
+        assert_eq!(outside_ephemeral(""), 20000..30000);
+        assert_eq!(outside_ephemeral("1024 65535").len(), 0);
+    }
+
+    #[test]
+    fn picked_ports_are_distinct_and_outside_the_ephemeral_range() {
+        let range =
+            outside_ephemeral(&std::fs::read_to_string(EPHEMERAL_RANGE).unwrap_or_default());
+        let first = free_ports::<3>().unwrap();
+        let second = free_ports::<3>().unwrap();
+        let all: std::collections::BTreeSet<u16> = first.iter().chain(&second).copied().collect();
+        assert_eq!(all.len(), 6, "{first:?} {second:?}");
+        assert!(
+            all.iter().all(|port| range.contains(port)),
+            "{all:?} outside {range:?}"
+        );
+    }
 }
