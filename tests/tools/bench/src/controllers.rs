@@ -124,10 +124,12 @@ pub struct GuardDefaults {
     /// `--full-resync-interval`; `None` for a build without it, whose
     /// every resync lists in full.
     pub full_resync_interval: Option<Duration>,
+    /// `--ghost-scan-period`; `None` for a build without it.
+    pub ghost_scan_period: Option<Duration>,
 }
 
 impl GuardDefaults {
-    /// Runs `binary --help` and reads the two defaults from it.
+    /// Runs `binary --help` and reads the defaults from it.
     pub async fn of_binary(binary: &Path) -> Result<Self> {
         let output = tokio::process::Command::new(binary)
             .arg("--help")
@@ -155,6 +157,9 @@ impl GuardDefaults {
         let full_resync_interval = flag_default(help, "--full-resync-interval")
             .map(|text| duration("--full-resync-interval", text))
             .transpose()?;
+        let ghost_scan_period = flag_default(help, "--ghost-scan-period")
+            .map(|text| duration("--ghost-scan-period", text))
+            .transpose()?;
         let qps = value("--ghost-scan-qps")?;
         let ghost_scan_qps = qps
             .parse()
@@ -163,6 +168,7 @@ impl GuardDefaults {
             resync_interval,
             ghost_scan_qps,
             full_resync_interval,
+            ghost_scan_period,
         })
     }
 }
@@ -343,6 +349,7 @@ Options:
                 resync_interval: Duration::from_secs(120),
                 ghost_scan_qps: 5.0,
                 full_resync_interval: None,
+                ghost_scan_period: Some(Duration::from_secs(6 * 3600)),
             })
         );
         let counted = HELP.replace(

@@ -578,6 +578,7 @@ impl Bench {
                 full_resync_interval: opts
                     .guard_full_resync_interval
                     .or(defaults.full_resync_interval),
+                ghost_scan_period: defaults.ghost_scan_period,
             };
             log(&format!(
                 "endpoints-guard: --resync-interval {:?}, --ghost-scan-qps {} (its defaults: {:?}, {})",
