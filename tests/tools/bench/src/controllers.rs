@@ -126,6 +126,9 @@ pub struct GuardDefaults {
     pub full_resync_interval: Option<Duration>,
     /// `--ghost-scan-period`; `None` for a build without it.
     pub ghost_scan_period: Option<Duration>,
+    /// How often the leader renews its Lease: `--leader-election-lease-duration`
+    /// less `--leader-election-renew-grace`; `None` for a build without them.
+    pub lease_renewal_every: Option<Duration>,
 }
 
 impl GuardDefaults {
@@ -160,6 +163,18 @@ impl GuardDefaults {
         let ghost_scan_period = flag_default(help, "--ghost-scan-period")
             .map(|text| duration("--ghost-scan-period", text))
             .transpose()?;
+        let lease = |flag: &str| {
+            flag_default(help, flag)
+                .map(|text| duration(flag, text))
+                .transpose()
+        };
+        let lease_renewal_every = match (
+            lease("--leader-election-lease-duration")?,
+            lease("--leader-election-renew-grace")?,
+        ) {
+            (Some(lease), Some(grace)) => lease.checked_sub(grace),
+            _ => None,
+        };
         let qps = value("--ghost-scan-qps")?;
         let ghost_scan_qps = qps
             .parse()
@@ -169,6 +184,7 @@ impl GuardDefaults {
             ghost_scan_qps,
             full_resync_interval,
             ghost_scan_period,
+            lease_renewal_every,
         })
     }
 }
@@ -337,6 +353,12 @@ Options:
       --ghost-scan-period <GHOST_SCAN_PERIOD>
           [default: 6h]
 
+      --leader-election-lease-duration <LEADER_ELECTION_LEASE_DURATION>
+          [default: 15s]
+
+      --leader-election-renew-grace <LEADER_ELECTION_RENEW_GRACE>
+          [default: 10s]
+
   -h, --help
           Print help (see a summary with '-h')
 ";
@@ -350,6 +372,7 @@ Options:
                 ghost_scan_qps: 5.0,
                 full_resync_interval: None,
                 ghost_scan_period: Some(Duration::from_secs(6 * 3600)),
+                lease_renewal_every: Some(Duration::from_secs(5)),
             })
         );
         let counted = HELP.replace(

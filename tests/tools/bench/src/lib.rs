@@ -579,6 +579,7 @@ impl Bench {
                     .guard_full_resync_interval
                     .or(defaults.full_resync_interval),
                 ghost_scan_period: defaults.ghost_scan_period,
+                lease_renewal_every: defaults.lease_renewal_every,
             };
             log(&format!(
                 "endpoints-guard: --resync-interval {:?}, --ghost-scan-qps {} (its defaults: {:?}, {})",

@@ -13,9 +13,11 @@
 //! No controller runs. Each round measures, on the same workload, in an
 //! order turned by one place each round: `none` (no request), `get` (the
 //! ghost scan's read: the metadata of one pod from etcd, pods in turn),
-//! and `count pods` / `count services` (a resync's count check between
-//! full resyncs: a one-item LIST for the current resourceVersion, then a
-//! one-item LIST at exactly it, whose `remainingItemCount` is the count).
+//! `count pods` / `count services` (a resync's count check between full
+//! resyncs: a one-item LIST for the current resourceVersion, then a
+//! one-item LIST at exactly it, whose `remainingItemCount` is the count),
+//! and `renew` (the leader's renewal of its Lease: a strategic-merge PATCH
+//! of its `renewTime`).
 //! Requests go at `--rate` a second, spaced evenly, as the controller
 //! spaces its own. Before each window kube-apiserver and etcd are made to
 //! collect their garbage, then left 10 s, as before the bench's windows.
@@ -30,8 +32,15 @@ use eg_bench::{BenchSize, BenchWorkload, GuardDefaults, plane_options};
 use eg_harness::ControlPlane;
 use hardened_watcher::live::{self, ListShape, PageFrom};
 use hardened_watcher::{LiveRead, ObjectKey};
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{Pod, Service};
-use kube::Client;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::json;
+
+const NAMESPACE: &str = "default";
 
 /// The ghost scan's slowest pace while it has targets, which no flag sets
 /// (`src/reconcile/ghost_scan/pace.rs`).
@@ -76,6 +85,7 @@ enum Requests {
     Get,
     CountPods,
     CountServices,
+    Renew,
 }
 
 impl Requests {
@@ -85,16 +95,21 @@ impl Requests {
             Requests::Get => "get",
             Requests::CountPods => "count pods",
             Requests::CountServices => "count services",
+            Requests::Renew => "renew",
         }
     }
 }
 
-const ORDER: [Requests; 4] = [
+const ORDER: [Requests; 5] = [
     Requests::None,
     Requests::Get,
     Requests::CountPods,
     Requests::CountServices,
+    Requests::Renew,
 ];
+
+/// The Lease the `renew` window renews.
+const LEASE: &str = "eg-restcost";
 
 /// Round `round`'s order: `ORDER` turned by one more place each round.
 fn round_order(round: u32) -> Vec<Requests> {
@@ -147,7 +162,36 @@ async fn send(
             count_check::<Service>(client).await?,
             workload.services.len(),
         ),
+        Requests::Renew => {
+            let renewed = json!({ "spec": { "renewTime": MicroTime(Timestamp::now()) } });
+            Api::<Lease>::namespaced(client.clone(), NAMESPACE)
+                .patch(LEASE, &PatchParams::default(), &Patch::Strategic(renewed))
+                .await?;
+            Ok(())
+        }
     }
+}
+
+/// The Lease the `renew` window renews, held by no one else.
+async fn create_lease(client: &Client) -> Result<()> {
+    let lease = Lease {
+        metadata: ObjectMeta {
+            name: Some(LEASE.into()),
+            namespace: Some(NAMESPACE.into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(LEASE.into()),
+            lease_duration_seconds: Some(15),
+            renew_time: Some(MicroTime(Timestamp::now())),
+            ..LeaseSpec::default()
+        }),
+    };
+    Api::<Lease>::namespaced(client.clone(), NAMESPACE)
+        .create(&PostParams::default(), &lease)
+        .await
+        .context("creating the Lease to renew")?;
+    Ok(())
 }
 
 fn expect_count(counted: u64, created: usize) -> Result<()> {
@@ -213,6 +257,8 @@ struct AtRest {
     scan_reads_per_s: f64,
     /// Count checks a second, each of pods, Services and Endpoints.
     count_checks_per_s: f64,
+    /// The leader's Lease renewals a second.
+    renewals_per_s: f64,
 }
 
 impl AtRest {
@@ -231,16 +277,32 @@ impl AtRest {
                 defaults.ghost_scan_qps.max(GHOST_SCAN_MIN_QPS),
             ),
             count_checks_per_s: 1.0 / defaults.resync_interval.as_secs_f64(),
+            renewals_per_s: 1.0
+                / defaults
+                    .lease_renewal_every
+                    .filter(|every| !every.is_zero())
+                    .context("the binary's --help gives no Lease renewal interval")?
+                    .as_secs_f64(),
         })
     }
 
-    /// kube-apiserver + etcd CPU-s a minute, Endpoints only, from the CPU-s
-    /// of one read and of one count check of pods and of Services;
-    /// Endpoints are as many as Services and priced as theirs.
-    fn minute(&self, get_s: f64, count_pods_s: f64, count_services_s: f64) -> f64 {
-        60.0 * (self.scan_reads_per_s * get_s
-            + self.count_checks_per_s * (count_pods_s + 2.0 * count_services_s))
+    /// kube-apiserver + etcd CPU-s a minute, Endpoints only, at `cost`:
+    /// Endpoints are as many as Services and their count priced as theirs.
+    /// The followers' and the leader's GETs of the Lease are not in it
+    /// (kube-lease-manager paces them itself); each costs about a `get`.
+    fn minute(&self, cost: &Costs) -> f64 {
+        60.0 * (self.scan_reads_per_s * cost.get
+            + self.count_checks_per_s * (cost.count_pods + 2.0 * cost.count_services)
+            + self.renewals_per_s * cost.renew)
     }
+}
+
+/// kube-apiserver + etcd CPU-s of one request of each kind.
+struct Costs {
+    get: f64,
+    count_pods: f64,
+    count_services: f64,
+    renew: f64,
 }
 
 #[tokio::main]
@@ -259,6 +321,7 @@ async fn main() -> Result<()> {
         .push("--feature-gates=DetectCacheInconsistency=false".into());
     let cp = ControlPlane::start(options).await?;
     let workload = BenchWorkload::created(&opts.size, &cp.client()).await?;
+    create_lease(&cp.client()).await?;
     cp.compact_etcd().await?;
     let mut windows = Vec::new();
     for round in 1..=opts.repeat {
@@ -296,9 +359,8 @@ async fn main() -> Result<()> {
                 / w.sent as f64;
             (cpu, bytes)
         };
-        let mut costs = Vec::new();
-        for requests in &ORDER[1..] {
-            let w = of(*requests)?;
+        let cost_of = |requests: Requests| -> Result<f64> {
+            let w = of(requests)?;
             let (cpu, bytes) = per_request(w);
             println!(
                 "| {round} | {} | {} | {:.3} | {bytes:.0} |",
@@ -306,16 +368,23 @@ async fn main() -> Result<()> {
                 w.sent,
                 cpu * 1000.0
             );
-            costs.push(cpu);
-        }
-        minutes.push(at_rest.minute(costs[0], costs[1], costs[2]));
+            Ok(cpu)
+        };
+        let costs = Costs {
+            get: cost_of(Requests::Get)?,
+            count_pods: cost_of(Requests::CountPods)?,
+            count_services: cost_of(Requests::CountServices)?,
+            renew: cost_of(Requests::Renew)?,
+        };
+        minutes.push(at_rest.minute(&costs));
     }
     println!();
     println!(
-        "At {}'s defaults ({:.2} ghost-scan reads a second over {objects} pods and Services, a count check of pods, Services and Endpoints every {:.0} s): {} kube-apiserver + etcd CPU-s a minute, rounds 1 to {}.",
+        "At {}'s defaults ({:.2} ghost-scan reads a second over {objects} pods and Services, a count check of pods, Services and Endpoints every {:.0} s, a Lease renewal every {:.0} s; the Lease's GETs and the full resync left out): {} kube-apiserver + etcd CPU-s a minute, rounds 1 to {}.",
         binary.display(),
         at_rest.scan_reads_per_s,
         1.0 / at_rest.count_checks_per_s,
+        1.0 / at_rest.renewals_per_s,
         minutes
             .iter()
             .map(|m| format!("{m:.4}"))
@@ -332,10 +401,10 @@ mod tests {
 
     #[test]
     fn every_round_measures_each_window_once_and_starts_elsewhere() {
-        let first: Vec<Requests> = (1..=4).map(|r| round_order(r)[0]).collect();
+        let first: Vec<Requests> = (1..=5).map(|r| round_order(r)[0]).collect();
         for requests in ORDER {
             assert_eq!(first.iter().filter(|r| **r == requests).count(), 1);
-            for round in 1..=4 {
+            for round in 1..=5 {
                 assert_eq!(
                     round_order(round)
                         .iter()
@@ -352,6 +421,7 @@ mod tests {
         ghost_scan_qps: 5.0,
         full_resync_interval: Some(Duration::from_secs(1200)),
         ghost_scan_period: Some(Duration::from_secs(6 * 3600)),
+        lease_renewal_every: Some(Duration::from_secs(5)),
     };
 
     #[test]
@@ -367,13 +437,17 @@ mod tests {
     }
 
     #[test]
-    fn a_minute_at_rest_adds_the_scan_and_the_count_checks() -> Result<()> {
-        // 0.5 reads/s × 2 ms × 60 s, plus (1 + 2 × 0.5) ms × 60/90.
-        let minute = AtRest::of(&DEFAULTS, 1_100)?.minute(0.002, 0.001, 0.0005);
-        assert!(
-            (minute - (0.06 + 0.002 * 60.0 / 90.0)).abs() < 1e-12,
-            "{minute}"
-        );
+    fn a_minute_at_rest_adds_the_scan_the_count_checks_and_the_renewals() -> Result<()> {
+        let cost = Costs {
+            get: 0.002,
+            count_pods: 0.001,
+            count_services: 0.0005,
+            renew: 0.004,
+        };
+        // 0.5 reads/s × 2 ms × 60 s, (1 + 2 × 0.5) ms × 60/90, 4 ms × 60/5.
+        let minute = AtRest::of(&DEFAULTS, 1_100)?.minute(&cost);
+        let expected = 0.06 + 0.002 * 60.0 / 90.0 + 0.004 * 12.0;
+        assert!((minute - expected).abs() < 1e-12, "{minute}");
         Ok(())
     }
 
@@ -389,5 +463,10 @@ mod tests {
             ..DEFAULTS
         };
         assert!(AtRest::of(&without, 1_100).is_err());
+        let unelected = GuardDefaults {
+            lease_renewal_every: None,
+            ..DEFAULTS
+        };
+        assert!(AtRest::of(&unelected, 1_100).is_err());
     }
 }
