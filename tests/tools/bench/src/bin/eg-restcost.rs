@@ -7,8 +7,11 @@
 //! defaults gives the minute at rest without the scatter.
 //!
 //! ```text
-//! SIZE=S|M|L eg-restcost [--window-secs 90] [--repeat 2] [--rate 20]
+//! SIZE=S|M|L [EG_BINARY=…] eg-restcost [--window-secs 90] [--repeat 2] [--rate 20]
 //! ```
+//!
+//! The rates at rest come from the defaults in `EG_BINARY`'s `--help`
+//! (default `target/release/endpoints-guard`).
 //!
 //! No controller runs. Each round measures, on the same workload, in an
 //! order turned by one place each round: `none` (no request), `get` (the
@@ -24,12 +27,14 @@
 //! kube-apiserver's consistency check is off (it would land in some windows
 //! and not others), and etcd is compacted once the workload is created.
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use eg_bench::plane::{self, PlaneSample};
 use eg_bench::{BenchSize, BenchWorkload, GuardDefaults, plane_options};
 use eg_harness::ControlPlane;
+use eg_harness::binaries::workspace_root;
 use hardened_watcher::live::{self, ListShape, PageFrom};
 use hardened_watcher::{LiveRead, ObjectKey};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -308,10 +313,19 @@ struct Costs {
 #[tokio::main]
 async fn main() -> Result<()> {
     let opts = parse()?;
-    let binary = match std::env::var_os("EG_BINARY") {
-        Some(path) => path.into(),
-        None => eg_harness::binaries::endpoints_guard()?,
-    };
+    // The binary whose defaults price the minute at rest, as eg-bench picks it.
+    let binary = std::env::var_os("EG_BINARY")
+        .map(PathBuf::from)
+        .map_or_else(
+            || Ok::<_, anyhow::Error>(workspace_root()?.join("target/release/endpoints-guard")),
+            Ok,
+        )?;
+    if !binary.exists() {
+        bail!(
+            "{} does not exist: build it (cargo build --release -p endpoints-guard) or set EG_BINARY",
+            binary.display()
+        );
+    }
     let defaults = GuardDefaults::of_binary(&binary).await?;
     let mut options = plane_options();
     // Its checks would land in some windows and not others; what they cost
