@@ -112,6 +112,14 @@ pub async fn credentials(cp: &ControlPlane, controller: Controller) -> Result<Pa
     cp.kubeconfig_for_token(name, &token)
 }
 
+/// The endpoints-guard binary a tool measures: `EG_BINARY`, else the
+/// workspace's release build.
+pub fn guard_binary(workspace_root: &Path) -> PathBuf {
+    std::env::var_os("EG_BINARY")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root.join("target/release/endpoints-guard"))
+}
+
 /// What endpoints-guard runs with where the bench passes no flag, read from
 /// the binary's own `--help`: a report then states the values of the binary
 /// it measured, whichever build that was.
@@ -157,20 +165,17 @@ impl GuardDefaults {
             eg_workload::parse_duration(text).with_context(|| format!("{flag}'s default {text:?}"))
         };
         let resync_interval = duration("--resync-interval", value("--resync-interval")?)?;
-        let full_resync_interval = flag_default(help, "--full-resync-interval")
-            .map(|text| duration("--full-resync-interval", text))
-            .transpose()?;
-        let ghost_scan_period = flag_default(help, "--ghost-scan-period")
-            .map(|text| duration("--ghost-scan-period", text))
-            .transpose()?;
-        let lease = |flag: &str| {
+        // A flag an older build lacks: `None`.
+        let optional = |flag: &str| {
             flag_default(help, flag)
                 .map(|text| duration(flag, text))
                 .transpose()
         };
+        let full_resync_interval = optional("--full-resync-interval")?;
+        let ghost_scan_period = optional("--ghost-scan-period")?;
         let lease_renewal_every = match (
-            lease("--leader-election-lease-duration")?,
-            lease("--leader-election-renew-grace")?,
+            optional("--leader-election-lease-duration")?,
+            optional("--leader-election-renew-grace")?,
         ) {
             (Some(lease), Some(grace)) => lease.checked_sub(grace),
             _ => None,

@@ -55,7 +55,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-pub use controllers::{Controller, GuardDefaults, start_guard};
+pub use controllers::{Controller, GuardDefaults, guard_binary, start_guard};
 pub use ghost::Ghost;
 pub use kind::Kind;
 pub use report::RunResult;

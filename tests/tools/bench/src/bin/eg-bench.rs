@@ -66,9 +66,7 @@ fn controllers(flag: &str, value: &str) -> Result<Vec<Controller>> {
 
 fn parse() -> Result<BenchOptions> {
     let root = workspace_root()?;
-    let binary = std::env::var_os("EG_BINARY")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target/release/endpoints-guard"));
+    let binary = bench::guard_binary(&root);
     let size = std::env::var("SIZE").unwrap_or_else(|_| "S".into());
     let mut opts = BenchOptions::new(BenchSize::named(&size)?, binary, root.join("target/bench"));
     opts.kinds = Kind::parse_list(&std::env::var("KIND").unwrap_or_default())?;

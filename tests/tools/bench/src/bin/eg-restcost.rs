@@ -27,12 +27,11 @@
 //! kube-apiserver's consistency check is off (it would land in some windows
 //! and not others), and etcd is compacted once the workload is created.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use eg_bench::plane::{self, PlaneSample};
-use eg_bench::{BenchSize, BenchWorkload, GuardDefaults, plane_options};
+use eg_bench::{BenchSize, BenchWorkload, GuardDefaults, guard_binary, plane_options};
 use eg_harness::ControlPlane;
 use eg_harness::binaries::workspace_root;
 use hardened_watcher::live::{self, ListShape, PageFrom};
@@ -314,12 +313,7 @@ struct Costs {
 async fn main() -> Result<()> {
     let opts = parse()?;
     // The binary whose defaults price the minute at rest, as eg-bench picks it.
-    let binary = std::env::var_os("EG_BINARY")
-        .map(PathBuf::from)
-        .map_or_else(
-            || Ok::<_, anyhow::Error>(workspace_root()?.join("target/release/endpoints-guard")),
-            Ok,
-        )?;
+    let binary = guard_binary(&workspace_root()?);
     if !binary.exists() {
         bail!(
             "{} does not exist: build it (cargo build --release -p endpoints-guard) or set EG_BINARY",
